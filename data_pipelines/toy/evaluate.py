@@ -117,7 +117,7 @@ class VLLMSampler:
 
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.llm = LLM(model=model_dir, dtype="float32", enforce_eager=True, seed=0, block_size=32,
-                       max_model_len=512, enable_prefix_caching=True)
+                       max_model_len=512, enable_prefix_caching=True, kv_cache_memory_bytes=1 << 30)
 
     def sample(self, prompts, n, temperature, seed, max_tokens):
         from vllm import SamplingParams, TokensPrompt
@@ -191,6 +191,8 @@ def mean_se(x) -> tuple[float, float]:
 
 def evaluate(cfg: EvalConfig) -> dict:
     from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
 
     from data_pipelines.prompts import build_prompt
     from data_pipelines.toy.task import draw_questions, first_wrong_step
@@ -252,7 +254,7 @@ def evaluate(cfg: EvalConfig) -> dict:
     states = boundary_states(model_for_states, tok, seqs, plens)
     X = np.concatenate([s for s, _ in states if len(s)])
     Y = np.concatenate([[y] * len(s) for (s, _), y in zip(states, ys, strict=True) if len(s)])
-    probe = LogisticRegression(max_iter=2000, C=1.0).fit(X, Y)
+    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, C=1.0)).fit(X, Y)
     report["probe_train"] = {"traces": len(seqs), "boundaries": int(len(X)), "positive_rate": float(np.mean(ys))}
 
     seqs, plens, meta = [], [], []
