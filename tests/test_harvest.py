@@ -1,0 +1,117 @@
+"""gambit-harvest on the scripted fake engine: output format, sharding, crash safety, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.dataset as pads
+import pytest
+
+from data_pipelines.harvest import HarvestConfig, HarvestInputError, harvest
+from gambit_scorer.harvest_io import iter_traces, read_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rows(out: Path) -> dict:
+    t = pads.dataset(sorted(str(p) for p in out.glob("data/shard-*.parquet"))).to_table(
+        columns=["question_id", "trace_index", "token_ids", "boundary_positions"]).to_pydict()
+    keys = list(zip(t["question_id"], t["trace_index"], strict=True))
+    assert len(keys) == len(set(keys)), "a trace was written twice"
+    return {k: (ids, b) for k, ids, b in zip(keys, t["token_ids"], t["boundary_positions"], strict=True)}
+
+
+def cfg(out, **kw) -> HarvestConfig:
+    base = dict(out=str(out), engine="fake", dataset="toy:train:10", n=4, questions_per_shard=3, max_tokens=64)
+    return HarvestConfig(**(base | kw))
+
+
+def test_harvest_writes_shards_manifest_and_readable_rows(tmp_path):
+    s = harvest(cfg(tmp_path / "h"))
+    out = tmp_path / "h"
+    assert sorted(p.name for p in out.glob("data/shard-*.parquet")) == [f"shard-{i:05d}.parquet" for i in range(4)]
+    m = read_manifest(out)
+    assert m["counts"]["questions"] == 10 and m["counts"]["traces"] == 40 == s["traces"]
+    assert m["hidden_size"] == 16 and m["boundary_token_ids"] == [4]
+    assert m["sampling"]["n"] == 4 and "versions" in m
+    traces = list(iter_traces(out))
+    assert len(traces) == 40
+    for t in traces:
+        assert t.hidden_states.shape == (len(t.boundary_positions), 16)
+        assert all(t.token_ids[p] == 4 for p in t.boundary_positions)  # states sit at boundary tokens
+        assert len(t.conf_mean) == len(t.conf_min) == len(t.boundary_positions)
+        assert (t.conf_min <= t.conf_mean + 1e-6).all()
+        assert t.n_tokens == len(t.token_ids)
+    import datasets
+
+    ds = datasets.load_dataset("parquet", data_dir=str(out / "data"), split="train")
+    assert len(ds) == 40 and "hidden_states" in ds.column_names
+
+
+def test_shards_together_equal_one_unsharded_run(tmp_path):
+    harvest(cfg(tmp_path / "one"))
+    harvest(cfg(tmp_path / "two", shard="1/2"))
+    assert not (tmp_path / "two" / "manifest.json").exists()  # incomplete until shard 0/2 lands
+    harvest(cfg(tmp_path / "two", shard="0/2"))
+    assert (tmp_path / "two" / "manifest.json").exists()
+    assert _rows(tmp_path / "one") == _rows(tmp_path / "two")
+
+
+def test_refuses_a_directory_of_another_config(tmp_path):
+    harvest(cfg(tmp_path / "h"))
+    with pytest.raises(HarvestInputError, match="different config.*temperature"):
+        harvest(cfg(tmp_path / "h", temperature=0.5))
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path):
+    with pytest.raises(HarvestInputError, match="cannot read dataset"):
+        harvest(cfg(tmp_path / "a", dataset=str(tmp_path / "missing.jsonl")))
+    with pytest.raises(HarvestInputError, match="model path .* does not exist"):
+        harvest(cfg(tmp_path / "b", engine="vllm", model="./no/such/model"))
+    with pytest.raises(HarvestInputError, match="--shard"):
+        harvest(cfg(tmp_path / "c", shard="3/2"))
+
+
+def test_overlong_prompt_fails_that_question_only(tmp_path):
+    data = tmp_path / "q.jsonl"
+    rows = [{"question": "short one", "answer": "1"}, {"question": "x" * 2000, "answer": "2"},
+            {"question": "another", "answer": "3"}]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    s = harvest(cfg(tmp_path / "h", dataset=str(data)))
+    m = read_manifest(tmp_path / "h")
+    assert m["counts"]["failed_questions"] == 1 and m["failed"][0]["question_id"] == "q-1"
+    assert s["traces"] == 12  # failed traces are recorded (correct=False), the others complete
+    ok = [t for t in iter_traces(tmp_path / "h") if t.question_id != "q-1"]
+    assert all(t.n_tokens > 0 for t in ok)
+
+
+def test_kill_9_then_rerun_finishes_every_question_exactly_once(tmp_path):
+    """A real subprocess is killed mid-run; the same command then completes the harvest."""
+    out = tmp_path / "h"
+    args = [sys.executable, "-m", "data_pipelines.harvest", "--out", str(out), "--engine", "fake",
+            "--dataset", "toy:train:40", "--n", "8", "--questions-per-shard", "2", "--max-tokens", "200"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list(out.glob("data/shard-*.parquet"))) < 3:
+        time.sleep(0.05)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    n_before = len(list(out.glob("data/shard-*.parquet")))
+    assert 0 < n_before < 20, "kill landed before the first or after the last shard"
+    assert not (out / "manifest.json").exists()
+    subprocess.run(args, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    m = read_manifest(out)
+    assert m["counts"]["questions"] == 40 and m["counts"]["traces"] == 320
+    rows = _rows(out)
+    assert sorted({q for q, _ in rows}) == sorted(f"toy-train-0-{i}" for i in range(40))
+    assert not list(out.glob("data/*.tmp"))
+    # identical to an uninterrupted run
+    harvest(cfg(tmp_path / "clean", dataset="toy:train:40", n=8, questions_per_shard=2, max_tokens=200))
+    assert rows == _rows(tmp_path / "clean")
