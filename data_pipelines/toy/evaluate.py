@@ -255,12 +255,13 @@ def evaluate(cfg: EvalConfig) -> dict:
     states = boundary_states(model_for_states, tok, seqs, plens)
     X = np.concatenate([s for s, _ in states if len(s)])
     Y = np.concatenate([[y] * len(s) for (s, _), y in zip(states, ys, strict=True) if len(s)])
-    import os
-
-    if os.environ.get("GAMBIT_PROBE_NOSCALE"):
-        probe = LogisticRegression(max_iter=2000, C=1.0).fit(X, Y)
-    else:
-        probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, C=1.0)).fit(X, Y)
+    # (a) the step probe Gambit uses: every boundary labelled with the trace's outcome
+    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, C=1.0)).fit(X, Y)
+    # (b) a last-boundary probe: each trace's final boundary state (history-aware read-out,
+    # like the SeqScorer's last position)
+    XL = np.stack([s[-1] for s, _ in states if len(s)])
+    YL = np.array([y for (s, _), y in zip(states, ys, strict=True) if len(s)])
+    last_probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, C=1.0)).fit(XL, YL)
     report["probe_train"] = {"traces": len(seqs), "boundaries": int(len(X)), "positive_rate": float(np.mean(ys))}
 
     seqs, plens, meta = [], [], []
@@ -270,21 +271,26 @@ def evaluate(cfg: EvalConfig) -> dict:
             plens.append(len(p))
             meta.append((qi, answer_of(ids) == q.answer, float(np.mean(lps)) if lps else -1e9))
     states = boundary_states(model_for_states, tok, seqs, plens)
-    probe_score, min_score, lp_score, y_all, by_q = [], [], [], [], {}
+    probe_score, min_score, last_score, lp_score, y_all, by_q = [], [], [], [], [], {}
     for (s, _), (qi, y, lp) in zip(states, meta, strict=True):
         step = probe.predict_proba(s)[:, 1] if len(s) else np.zeros(1)
         probe_score.append(float(step.mean()))  # Gambit's trace score: mean of step scores
         min_score.append(float(step.min()))
+        last_score.append(float(last_probe.predict_proba(s[-1:])[0, 1]) if len(s) else 0.0)
         lp_score.append(lp)
         y_all.append(int(y))
-        g = by_q.setdefault(qi, ([], [], [], []))
+        g = by_q.setdefault(qi, ([], [], [], [], []))
         g[0].append(int(y)), g[1].append(probe_score[-1]), g[2].append(lp), g[3].append(min_score[-1])
+        g[4].append(last_score[-1])
     wq_probe, nq = within_question_auroc([(g[0], g[1]) for g in by_q.values()])
     wq_lp, _ = within_question_auroc([(g[0], g[2]) for g in by_q.values()])
     wq_min, _ = within_question_auroc([(g[0], g[3]) for g in by_q.values()])
+    wq_last, _ = within_question_auroc([(g[0], g[4]) for g in by_q.values()])
     report["probe"] = {
         "trace_auroc_pooled": auroc(y_all, probe_score), "trace_auroc_within_question": wq_probe,
         "min_step_auroc_pooled": auroc(y_all, min_score), "min_step_auroc_within_question": wq_min,
+        "last_boundary_probe_auroc_pooled": auroc(y_all, last_score),
+        "last_boundary_probe_auroc_within_question": wq_last,
         "questions_with_both_outcomes": nq,
         "mean_logprob_auroc_pooled": auroc(y_all, lp_score), "mean_logprob_auroc_within_question": wq_lp,
     }
