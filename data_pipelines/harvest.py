@@ -173,7 +173,12 @@ class _Run:
 
         return build_prompt_ids(question, self.tok)
 
-    def run_chunk(self, questions, progress) -> list[dict]:
+    def run(self, work: list[tuple[int, list]], progress, on_chunk_done) -> None:
+        """Sample every (chunk, questions) in ``work``; call ``on_chunk_done(chunk, rows)`` as each
+        chunk completes. Traces of the next chunks start while a chunk's last traces finish,
+        so the engine stays full."""
+        from collections import deque
+
         import numpy as np
 
         from gambit_search.engine import SamplingSpec
@@ -182,16 +187,19 @@ class _Run:
         cfg = self.cfg
         spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                             max_tokens=cfg.max_tokens, logprobs=1)
-        todo = [(q, i) for q in questions for i in range(cfg.n)]
+        todo = deque((c, q, i) for c, qs in work for q in qs for i in range(cfg.n))
+        left = {c: len(qs) * cfg.n for c, qs in work}
+        rows: dict[int, list[dict]] = {c: [] for c, _ in work}
+        prompts: dict[str, list[int]] = {}
         live: dict[int, dict] = {}
-        done: list[dict] = []
-        prompts = {q.id: self._prompt(q.question) for q in questions}
         while todo or live:
             while todo and len(live) < cfg.max_concurrency:
-                q, i = todo.pop(0)
+                c, q, i = todo.popleft()
+                if q.id not in prompts:
+                    prompts[q.id] = self._prompt(q.question)
                 tid = self.eng.add_trace(prompts[q.id], spec, seed=trace_seed(cfg.seed, q.id, i))
-                live[tid] = {"q": q, "i": i, "ids": [], "text": [], "lps": [], "states": {}, "finish": None,
-                             "error": None, "plen": len(prompts[q.id])}
+                live[tid] = {"c": c, "q": q, "i": i, "ids": [], "text": [], "lps": [], "states": {}, "finish": None,
+                             "error": None}
             out = self.eng.step()
             for b in out.boundaries:
                 if b.trace in live:
@@ -208,8 +216,8 @@ class _Run:
                 if d.finish_reason is not None:
                     t["finish"], t["error"] = d.finish_reason, d.error
                     finished.append(d.trace)
-            # a trace's last boundary state arrives with or before its finishing delta's step
-            # output, or never (engine contract): finalize finished traces now.
+            # Engine contract: a trace's boundary states arrive no later than the step output
+            # carrying its finishing delta, or never (a boundary right before the stop).
             for tid in finished:
                 t = live.pop(tid)
                 offs = sorted(t["states"])
@@ -218,7 +226,8 @@ class _Run:
                 answer, correct = grade(t["q"].answer, text) if t["finish"] != "error" else (None, False)
                 lps = t["lps"] + [0.0] * (len(t["ids"]) - len(t["lps"]))
                 cm, cn = _thought_confidence(lps, offs)
-                done.append({
+                c = t["c"]
+                rows[c].append({
                     "question_id": t["q"].id, "question": t["q"].question, "gold": t["q"].answer,
                     "trace_index": t["i"], "token_ids": t["ids"], "text": text, "answer": answer,
                     "correct": bool(correct), "boundary_positions": offs, "hidden_states": states,
@@ -226,8 +235,12 @@ class _Run:
                     "_error": t["error"] if t["finish"] == "error" else None,
                 })
                 progress(t)
-        done.sort(key=lambda r: (r["question_id"], r["trace_index"]))
-        return done
+                left[c] -= 1
+                if left[c] == 0:
+                    done = sorted(rows.pop(c), key=lambda r: (r["question_id"], r["trace_index"]))
+                    for q in {r["question_id"] for r in done}:
+                        prompts.pop(q, None)
+                    on_chunk_done(c, done)
 
 
 def _write_shard(out: Path, chunk: int, rows: list[dict]) -> None:
@@ -333,14 +346,16 @@ def harvest(cfg: HarvestConfig) -> dict:
         def progress(_trace) -> None:
             bar.update(1)
 
+        def chunk_done(c: int, rows: list[dict]) -> None:
+            _write_shard(out, c, rows)
+            stats["right"] += sum(r["correct"] for r in rows)
+            stats["done"] += len(rows)
+            stats["shards"] += 1
+            bar.set_postfix(acc=f"{stats['right'] / max(1, stats['done']):.3f}",
+                            traces_per_s=f"{stats['done'] / (time.time() - t0):.1f}", shards=f"{stats['shards']}/{len(mine)}")
+
         try:
-            for c in mine:
-                rows = run.run_chunk(chunks[c], progress)
-                _write_shard(out, c, rows)
-                stats["right"] += sum(r["correct"] for r in rows)
-                stats["done"] += len(rows)
-                bar.set_postfix(acc=f"{stats['right'] / max(1, stats['done']):.3f}",
-                                traces_per_s=f"{stats['done'] / (time.time() - t0):.1f}", shards=f"{mine.index(c) + 1}/{len(mine)}")
+            run.run([(c, chunks[c]) for c in mine], progress, chunk_done)
         finally:
             bar.close()
         meta = {"hidden_size": engine.hidden_size, "boundary_token_ids": boundary_ids}
