@@ -309,8 +309,11 @@ def summarize(out: Path) -> dict:
     }
 
 
-def harvest(cfg: HarvestConfig) -> dict:
-    """Run (or resume) a harvest; returns the summary (and the manifest once complete)."""
+def harvest(cfg: HarvestConfig, engine=None) -> dict:
+    """Run (or resume) a harvest; returns the summary (and the manifest once complete).
+
+    ``engine``: an already started :class:`~gambit_search.engine.Engine` on ``cfg.model``
+    to use instead of starting one (tests and benchmarks share one); it is left open."""
     from data_pipelines.questions import DatasetError, load_questions
 
     shard_i, shard_n = cfg.shard_index()
@@ -330,14 +333,15 @@ def harvest(cfg: HarvestConfig) -> dict:
         stale.unlink()
     print(f"gambit-harvest: {len(questions)} questions in {len(chunks)} shards; this process: {len(mine)} to do "
           f"(shard {cfg.shard})", file=sys.stderr)
-    engine = None
+    own_engine = engine is None
     if mine:
         from tqdm import tqdm
 
-        engine, boundary_ids = _make_engine(cfg)
-        tok = None
-        if cfg.engine == "vllm":
-            tok = engine.tokenizer
+        if own_engine:
+            engine, boundary_ids = _make_engine(cfg)
+        else:
+            boundary_ids = sorted(getattr(engine, "boundary_ids", [])) or [4]
+        tok = getattr(engine, "tokenizer", None)
         run = _Run(cfg, engine, tok, out)
         stats = Counter()
         t0 = time.time()
@@ -358,10 +362,14 @@ def harvest(cfg: HarvestConfig) -> dict:
             run.run([(c, chunks[c]) for c in mine], progress, chunk_done)
         finally:
             bar.close()
+        sampling_seconds = time.time() - t0
         meta = {"hidden_size": engine.hidden_size, "boundary_token_ids": boundary_ids}
         (out / f"engine-{shard_i}of{shard_n}.json").write_text(json.dumps(meta))
-        engine.close()
+        if own_engine:
+            engine.close()
     summary = summarize(out)
+    if mine:
+        summary["sampling_seconds"] = round(sampling_seconds, 3)
     complete = all((out / "data" / f"shard-{c:05d}.parquet").exists() for c in range(len(chunks)))
     if complete:
         summary["manifest"] = str(_write_manifest(out, cfg, m_hash, t_hash, len(questions), summary))

@@ -115,3 +115,23 @@ def test_kill_9_then_rerun_finishes_every_question_exactly_once(tmp_path):
     # identical to an uninterrupted run
     harvest(cfg(tmp_path / "clean", dataset="toy:train:40", n=8, questions_per_shard=2, max_tokens=200))
     assert rows == _rows(tmp_path / "clean")
+
+
+@pytest.mark.slow
+def test_harvest_on_the_real_engine(tmp_path, engine):
+    """The shipped toy policy through vLLM: graded rows with real boundary states."""
+    s = harvest(HarvestConfig(out=str(tmp_path / "h"), dataset="toy:train:8", n=4, questions_per_shard=4), engine=engine)
+    assert s["traces"] == 32 and 0.1 < s["accuracy"] < 0.9
+    m = read_manifest(tmp_path / "h")
+    assert m["hidden_size"] == 128 and m["boundary_token_ids"] == [4] and m["model_hash"]
+    from data_pipelines.toy.task import parse_question
+    from gambit_search.grading import grade
+
+    for t in iter_traces(tmp_path / "h"):
+        assert t.hidden_states.shape == (len(t.boundary_positions), 128)
+        assert all(t.token_ids[p] == 4 for p in t.boundary_positions)
+        # every "\n\n" but possibly one right before the stop has its state
+        assert t.token_ids.count(4) - len(t.boundary_positions) in (0, 1)
+        assert (t.conf_min <= 0).all() and (t.conf_min <= t.conf_mean + 1e-6).all()
+        assert grade(t.gold, t.text) == (t.answer, t.correct)
+        assert str(parse_question(t.question).answer) == t.gold

@@ -1,0 +1,75 @@
+"""Harvest throughput vs plain vLLM generation of the same traces, in one run.
+
+Same model, questions, n, sampling and concurrency. Plain: ``vllm.LLM.generate`` with
+``SamplingParams(n=...)``. Harvest: ``data_pipelines.harvest`` through the engine adapter
+(boundary hidden-state capture, per-token log-probs, grading, parquet writing). Reports
+generated tokens/s of each and their ratio (goal >= 0.9).
+
+    .venv/bin/python benchmarks/harvest_throughput.py --questions 64 --n 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+import time
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--questions", type=int, default=64)
+    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--max-concurrency", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=1)
+    a = p.parse_args()
+
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams, TokensPrompt
+
+    from data_pipelines.harvest import DEFAULT_MODEL, HarvestConfig, harvest
+    from data_pipelines.prompts import build_prompt_ids
+    from data_pipelines.questions import load_questions
+
+    model = a.model or DEFAULT_MODEL
+    spec = f"toy:train:{a.questions}"
+    qs = load_questions(spec)
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = [TokensPrompt(prompt_token_ids=build_prompt_ids(q.question, tok)) for q in qs]
+    results = {"plain": [], "harvest": []}
+    for _ in range(a.repeats):
+        llm = LLM(model=model, enforce_eager=True, block_size=32, max_num_seqs=a.max_concurrency,
+                  enable_prefix_caching=True, kv_cache_memory_bytes=1 << 30, seed=0)
+        sp = SamplingParams(n=a.n, temperature=1.0, top_p=1.0, top_k=0, max_tokens=400, seed=0)
+        t0 = time.time()
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+        dt = time.time() - t0
+        toks = sum(len(c.token_ids) for o in outs for c in o.outputs)
+        results["plain"].append({"tokens": toks, "seconds": dt, "tokens_per_s": toks / dt})
+        del llm
+        import gc
+
+        gc.collect()
+        out = tempfile.mkdtemp(prefix="gambit-bench-")
+        try:
+            t0 = time.time()
+            s = harvest(HarvestConfig(out=out, model=model, dataset=spec, n=a.n, max_concurrency=a.max_concurrency,
+                                      questions_per_shard=16))
+            toks = s["tokens_per_trace"] * s["traces"]
+            dt = s["sampling_seconds"]  # after engine start-up, like the plain timing
+            results["harvest"].append({"tokens": toks, "seconds": dt, "tokens_per_s": toks / dt,
+                                       "seconds_incl_startup": time.time() - t0})
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+    import statistics
+
+    plain = statistics.median(r["tokens_per_s"] for r in results["plain"])
+    harv = statistics.median(r["tokens_per_s"] for r in results["harvest"])
+    results["ratio_harvest_over_plain"] = harv / plain
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
