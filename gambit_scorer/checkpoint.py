@@ -1,0 +1,472 @@
+"""Scorer checkpoints: save ``ckpt.pt``, and one loader for the search runtime.
+
+No Lightning or Hydra here (the search runtime imports this); only torch and numpy.
+
+Format (a ``torch.save`` dict, loadable with ``torch.load(weights_only=True)``)::
+
+    {
+      "model_state_dict": {...},            # reference module names (models.py)
+      "model_config": {...},                # reference keys: {"arch": "mlp", ...} or
+                                            #   {"type": "sequence_transformer", "d_model", "nhead",
+                                            #    "num_layers", "dim_feedforward", "max_len", "rope_base", ...}
+      "gambit": {                           # ours; absent in reference checkpoints
+        "format": "gambit-scorer", "format_version": 1,
+        "arch": "mlp" | "seq", "input_size": int, "hidden_size": int,
+        "features": ["hidden"] | ["hidden", "conf_mean", "conf_min"],
+        "conf_norm": {"mean": [..], "std": [..]} | None,
+        "policy_model": str, "policy_model_hash": str, "boundary_token_ids": [int],
+        "loss_position": "last" | "every" | None, "metrics": {...}, "train_config": str (YAML),
+        "versions": {...}, "created": str,
+      },
+    }
+
+:func:`load_scorer` also reads reference STEP/Gambit ``.pt`` files (MLP and sequence
+scorer); those take the hidden state only. The network is rebuilt from the weights'
+shapes, cross-checked against ``model_config``.
+
+Runtime API (:class:`LoadedScorer`)::
+
+    s = load_scorer("ckpt.pt", expected_hidden_size=model_hidden_size)
+    s.features                      # what to feed per step
+    h = s.init_history()            # per trace; immutable, so a branch may share its parent's
+    h, score = s.append(h, hidden_state, conf_mean=..., conf_min=...)   # score = trace score
+    s.score_steps(states)           # MLP only: per-step probabilities [n]
+    s.score_trace(states)           # trace score after each step [n] (both kinds)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from gambit_scorer.models import (
+    KVCache,
+    SeqScorer,
+    StepMLP,
+    _tensor,
+    feature_size,
+    resolve_features,
+    step_features,
+)
+
+FORMAT = "gambit-scorer"
+FORMAT_VERSION = 1
+
+
+class ScorerLoadError(ValueError):
+    """A scorer checkpoint cannot be used (the message says why and what to do)."""
+
+
+class HiddenSizeMismatchError(ScorerLoadError):
+    """The scorer was trained on another policy model's hidden size."""
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+def _plain(x: Any) -> Any:
+    """Convert to types torch.load(weights_only=True) accepts (dict/list/str/int/float/bool/None/Tensor)."""
+    if isinstance(x, Tensor):
+        return x.detach().cpu()
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x)
+    if isinstance(x, np.ndarray):
+        return _plain(x.tolist())
+    if x is None:
+        return None
+    return str(
+        x
+    )  # also str subclasses (torch's TorchVersion, numpy str_): plain str for weights_only
+
+
+def build_checkpoint(
+    model: nn.Module,
+    *,
+    features: Sequence[str],
+    hidden_size: int,
+    conf_norm: dict | None = None,
+    policy_model: str | None = None,
+    policy_model_hash: str | None = None,
+    boundary_token_ids: Sequence[int] | None = None,
+    loss_position: str | None = None,
+    metrics: dict | None = None,
+    train_config: str | None = None,
+    versions: dict | None = None,
+    extra: dict | None = None,
+) -> dict:
+    """The checkpoint dict for ``model`` (a StepMLP or SeqScorer)."""
+    if isinstance(model, StepMLP):
+        arch = "mlp"
+    elif isinstance(model, SeqScorer):
+        arch = "seq"
+    else:
+        raise TypeError(f"expected a StepMLP or SeqScorer, got {type(model).__name__}")
+    feats = resolve_features(list(features))
+    if model.input_size != feature_size(feats, hidden_size):
+        raise ValueError(
+            f"model input {model.input_size} != features {list(feats)} at hidden size {hidden_size}"
+        )
+    vers = {
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+    try:
+        from importlib.metadata import version
+
+        vers["gambit"] = version("gambit")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        pass
+    vers.update(versions or {})
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "arch": arch,
+        "input_size": model.input_size,
+        "hidden_size": int(hidden_size),
+        "features": list(feats),
+        "conf_norm": conf_norm,
+        "policy_model": policy_model,
+        "policy_model_hash": policy_model_hash,
+        "boundary_token_ids": list(boundary_token_ids) if boundary_token_ids is not None else None,
+        "loss_position": loss_position,
+        "metrics": metrics or {},
+        "train_config": train_config,
+        "versions": vers,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        **(extra or {}),
+    }
+    return {
+        "model_state_dict": {
+            k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+        },
+        "model_config": _plain(model.model_config()),
+        "gambit": _plain(meta),
+    }
+
+
+def save_checkpoint(path: str | Path, model: nn.Module, **kwargs) -> dict:
+    """Write ``build_checkpoint(model, **kwargs)`` to ``path``; returns the dict."""
+    ckpt = build_checkpoint(model, **kwargs)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(ckpt, path)
+    return ckpt
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+@dataclass(frozen=True)
+class MLPHistory:
+    """Running mean of a trace's step probabilities (the STEP trace score)."""
+
+    n_steps: int = 0
+    total: float = 0.0
+
+    @property
+    def score(self) -> float | None:
+        return self.total / self.n_steps if self.n_steps else None
+
+
+@dataclass(frozen=True)
+class SeqHistory:
+    """A trace's attention cache (per layer keys/values); ``score`` = last position's probability."""
+
+    n_steps: int = 0
+    cache: tuple[KVCache, ...] | None = None
+    score: float | None = None
+
+
+History = MLPHistory | SeqHistory
+
+
+@dataclass
+class LoadedScorer:
+    """A scorer ready for the search runtime (eval mode, no gradients)."""
+
+    model: nn.Module
+    kind: str
+    """'mlp' (step scores, trace score = running mean) or 'seq' (trace score = last position)."""
+    features: tuple[str, ...]
+    """Per-step features, in order; 'hidden' and optionally 'conf_mean', 'conf_min'."""
+    hidden_size: int
+    input_size: int
+    conf_norm: dict | None = None
+    meta: dict = field(default_factory=dict)
+    model_config: dict = field(default_factory=dict)
+    source: str = ""
+    is_reference: bool = False
+    """True for a reference STEP/Gambit checkpoint (no ``gambit`` metadata)."""
+
+    @property
+    def needs_confidence(self) -> bool:
+        return any(f != "hidden" for f in self.features)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def make_features(self, hidden, conf_mean=None, conf_min=None) -> Tensor:
+        """Per-step inputs [..., input_size] exactly as in training."""
+        h = _tensor(hidden)
+        if h.shape[-1] != self.hidden_size:
+            raise HiddenSizeMismatchError(
+                f"scorer {self.source} takes hidden states of size {self.hidden_size}, got {h.shape[-1]}"
+            )
+        x = step_features(h, conf_mean, conf_min, features=self.features, conf_norm=self.conf_norm)
+        return x.to(self.device)
+
+    @torch.inference_mode()
+    def score_steps(self, hidden, conf_mean=None, conf_min=None) -> np.ndarray:
+        """MLP: per-step probabilities sigmoid(scorer(x)) for states [n, d] (or [d]) -> [n] (or scalar array)."""
+        if self.kind != "mlp":
+            raise TypeError(
+                "score_steps is for MLP scorers; a sequence scorer scores histories: use append()/score_trace()"
+            )
+        x = self.make_features(hidden, conf_mean, conf_min)
+        return torch.sigmoid(self.model(x)).float().cpu().numpy()
+
+    @torch.inference_mode()
+    def score_trace(self, hidden, conf_mean=None, conf_min=None) -> np.ndarray:
+        """The trace score after each step of one trace (states [n, d]) -> [n]."""
+        x = self.make_features(hidden, conf_mean, conf_min)
+        if x.dim() != 2:
+            raise ValueError(
+                f"score_trace takes one trace's steps [n, d], got shape {tuple(x.shape)}"
+            )
+        if self.kind == "mlp":
+            p = torch.sigmoid(self.model(x)).double()
+            return (
+                (p.cumsum(0) / torch.arange(1, len(p) + 1, dtype=p.dtype, device=p.device))
+                .cpu()
+                .numpy()
+            )
+        return torch.sigmoid(self.model(x.unsqueeze(0))[0]).float().cpu().numpy()
+
+    def init_history(self) -> History:
+        """The empty history of a new trace."""
+        return MLPHistory() if self.kind == "mlp" else SeqHistory()
+
+    @staticmethod
+    def copy_history(history: History) -> History:
+        """A branch's copy of its parent's history. Histories are immutable values
+        (``append`` returns a new one and never changes its argument), so this is the same object."""
+        return history
+
+    @torch.inference_mode()
+    def append(
+        self, history: History, hidden, conf_mean=None, conf_min=None
+    ) -> tuple[History, float]:
+        """Add one step ([d]; or several, [k, d]) to a trace's history -> (new history, trace score)."""
+        x = self.make_features(hidden, conf_mean, conf_min)
+        if x.dim() == 1:
+            x = x.unsqueeze(0)
+        if self.kind == "mlp":
+            if not isinstance(history, MLPHistory):
+                raise TypeError("this is an MLP scorer: pass a history from its init_history()")
+            p = torch.sigmoid(self.model(x)).double()
+            h = MLPHistory(history.n_steps + len(p), history.total + float(p.sum()))
+            return h, float(h.score)
+        if not isinstance(history, SeqHistory):
+            raise TypeError("this is a sequence scorer: pass a history from its init_history()")
+        logits, cache = self.model.forward_with_cache(
+            x.unsqueeze(0),
+            None if history.cache is None else list(history.cache),
+            start=history.n_steps,
+        )
+        max_len = self.model.max_len
+        if cache[0][0].shape[2] > max_len:  # keep a sliding window of the last max_len steps
+            cache = [(k[:, :, -max_len:], v[:, :, -max_len:]) for k, v in cache]
+        score = float(torch.sigmoid(logits[0, -1]))
+        return SeqHistory(history.n_steps + x.shape[0], tuple(cache), score), score
+
+    def append_many(self, histories: Sequence[History], hidden, conf_mean=None, conf_min=None):
+        """One new step for each of N traces: states [N, d] -> (new histories, scores [N])."""
+        if self.kind == "mlp":
+            p = self.score_steps(hidden, conf_mean, conf_min).astype(np.float64).reshape(-1)
+            new = [
+                MLPHistory(h.n_steps + 1, h.total + float(pi))
+                for h, pi in zip(histories, p, strict=True)
+            ]
+            return new, np.array([h.score for h in new])
+        out, scores = [], []
+        for i, h in enumerate(histories):
+            cm = None if conf_mean is None else conf_mean[i]
+            cn = None if conf_min is None else conf_min[i]
+            nh, s = self.append(h, hidden[i], cm, cn)
+            out.append(nh)
+            scores.append(s)
+        return out, np.array(scores)
+
+
+_IGNORED_KEY = re.compile(r"(^|\.)(inv_freq|cos_cached|sin_cached|rotary_emb\.[^.]+)$")
+
+
+def _state_dict_of(obj: Any, source: str) -> tuple[dict[str, Tensor], dict, dict]:
+    if not isinstance(obj, dict):
+        raise ScorerLoadError(f"{source}: expected a dict checkpoint, got {type(obj).__name__}")
+    if "model_state_dict" in obj:
+        sd = obj["model_state_dict"]
+    elif "state_dict" in obj:
+        sd = obj["state_dict"]
+    elif obj and all(isinstance(v, Tensor) for v in obj.values()):
+        sd = obj  # a bare state dict
+    else:
+        raise ScorerLoadError(
+            f"{source}: no 'model_state_dict' in the checkpoint (keys: {sorted(obj)[:10]})"
+        )
+    sd = {k: v for k, v in sd.items() if not _IGNORED_KEY.search(k)}
+    for prefix in ("module.", "_orig_mod.", "model."):  # DDP, torch.compile, Lightning wrappers
+        if sd and all(k.startswith(prefix) for k in sd):
+            sd = {k[len(prefix) :]: v for k, v in sd.items()}
+    if sd and all(re.fullmatch(r"\d+\.(weight|bias)", k) for k in sd):  # a bare nn.Sequential MLP
+        sd = {f"net.{k}": v for k, v in sd.items()}
+    return sd, dict(obj.get("model_config") or {}), dict(obj.get("gambit") or {})
+
+
+def _build_mlp(sd: dict[str, Tensor], source: str) -> StepMLP:
+    idx = sorted(int(m.group(1)) for k in sd if (m := re.fullmatch(r"net\.(\d+)\.weight", k)))
+    if not idx or idx != list(range(0, 2 * len(idx), 2)):
+        raise ScorerLoadError(
+            f"{source}: MLP weights at net.{idx} do not form Linear/ReLU/.../Linear (expected net.0, net.2, ...)"
+        )
+    ws = [sd[f"net.{i}.weight"] for i in idx]
+    if ws[-1].shape[0] != 1:
+        raise ScorerLoadError(
+            f"{source}: the last MLP layer has {ws[-1].shape[0]} outputs, expected 1"
+        )
+    return StepMLP(ws[0].shape[1], [w.shape[0] for w in ws[:-1]])
+
+
+def _build_seq(sd: dict[str, Tensor], mc: dict, source: str) -> SeqScorer:
+    try:
+        w_in = sd["input_proj.1.weight"]
+        n_layers = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k)))
+        dim_ff = sd["layers.0.ffn.gate.weight"].shape[0]
+    except (KeyError, ValueError) as e:
+        raise ScorerLoadError(f"{source}: not a sequence scorer state dict (missing {e})") from e
+    d_model, input_size = w_in.shape
+    inferred = {"d_model": d_model, "num_layers": n_layers, "dim_feedforward": dim_ff}
+    for k, v in inferred.items():
+        if k in mc and int(mc[k]) != int(v):
+            raise ScorerLoadError(
+                f"{source}: model_config says {k}={mc[k]} but the weights have {k}={v}"
+            )
+    nhead = int(mc.get("nhead", 4))
+    if d_model % nhead:
+        raise ScorerLoadError(f"{source}: d_model={d_model} is not divisible by nhead={nhead}")
+    return SeqScorer(
+        input_size,
+        d_model=d_model,
+        nhead=nhead,
+        num_layers=n_layers,
+        dim_feedforward=dim_ff,
+        max_len=int(mc.get("max_len", 4096)),
+        rope_base=float(mc.get("rope_base", 10000.0)),
+        dropout=0.0,
+        attn_out_bias="layers.0.attn.out_proj.bias" in sd,
+        ffn_bias="layers.0.ffn.gate.bias" in sd,
+    )
+
+
+def scorer_from_checkpoint(
+    obj: Any,
+    *,
+    expected_hidden_size: int | None = None,
+    source: str = "<checkpoint>",
+    device: str | torch.device = "cpu",
+) -> LoadedScorer:
+    """Build a LoadedScorer from a checkpoint dict (ours or a reference one)."""
+    sd, mc, meta = _state_dict_of(obj, source)
+    if meta.get("arch") in ("mlp", "seq"):
+        kind = meta["arch"]
+    elif mc.get("type") == "sequence_transformer" or any(k.startswith("input_proj.") for k in sd):
+        kind = "seq"
+    elif mc.get("arch") == "mlp" or any(k.startswith("net.") for k in sd):
+        kind = "mlp"
+    else:
+        raise ScorerLoadError(
+            f"{source}: unknown scorer architecture (model_config={mc}, keys {sorted(sd)[:6]}...): "
+            "expected a STEP MLP (net.*) or a sequence scorer (input_proj.*, layers.*)"
+        )
+    model = _build_mlp(sd, source) if kind == "mlp" else _build_seq(sd, mc, source)
+    try:
+        model.load_state_dict(sd, strict=True)
+    except RuntimeError as e:
+        raise ScorerLoadError(
+            f"{source}: weights do not fit the {kind} scorer they describe: {e}"
+        ) from e
+    model.eval().requires_grad_(False).to(device)
+
+    features = resolve_features(meta.get("features") or ["hidden"])
+    n_extra = feature_size(features, 0)
+    hidden_size = int(meta.get("hidden_size") or model.input_size - n_extra)
+    if feature_size(features, hidden_size) != model.input_size:
+        raise ScorerLoadError(
+            f"{source}: input size {model.input_size} does not match features {list(features)} "
+            f"at hidden size {hidden_size}"
+        )
+    if expected_hidden_size is not None and int(expected_hidden_size) != hidden_size:
+        trained_on = meta.get("policy_model") or "an unrecorded policy model"
+        raise HiddenSizeMismatchError(
+            f"scorer {source} was trained on hidden states of size {hidden_size} ({trained_on}), "
+            f"but the policy model has hidden size {expected_hidden_size}: use a scorer trained on a "
+            "harvest of this policy model (gambit-train data.harvest=<its harvest>)"
+        )
+    conf_norm = meta.get("conf_norm")
+    if n_extra and conf_norm is None:
+        raise ScorerLoadError(
+            f"{source}: features {list(features)} need 'conf_norm' in the checkpoint metadata"
+        )
+    return LoadedScorer(
+        model=model,
+        kind=kind,
+        features=features,
+        hidden_size=hidden_size,
+        input_size=model.input_size,
+        conf_norm=conf_norm,
+        meta=meta,
+        model_config=mc,
+        source=source,
+        is_reference=not meta,
+    )
+
+
+def load_scorer(
+    path: str | Path, *, expected_hidden_size: int | None = None, device: str | torch.device = "cpu"
+) -> LoadedScorer:
+    """Load a scorer checkpoint (``ckpt.pt`` from gambit-train, or a reference STEP/Gambit ``.pt``).
+
+    ``expected_hidden_size``: the policy model's hidden size; a mismatch raises
+    :class:`HiddenSizeMismatchError` here rather than a shape error mid-search.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ScorerLoadError(f"scorer checkpoint {str(path)!r} does not exist")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - report any unpickling failure the same way
+        raise ScorerLoadError(
+            f"{path}: cannot be read with torch.load(weights_only=True): {e}"
+        ) from e
+    return scorer_from_checkpoint(
+        obj, expected_hidden_size=expected_hidden_size, source=str(path), device=device
+    )

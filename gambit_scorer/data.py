@@ -1,0 +1,707 @@
+"""Training data for scorers: a Lightning DataModule over one or more harvest directories.
+
+- Split by *question* (no question on both sides), stratified by the trace label
+  (scikit-learn ``StratifiedGroupKFold``): one fold of round(1 / val_fraction) is validation.
+- MLP samples: one per boundary state, labelled with the trace's correctness.
+  Seq samples: one per trace, its boundary states in order (the last ``max_len``), right-padded
+  to the batch's longest with a boolean ``mask``.
+- Features per step: ``models.step_features`` (hidden state, optionally + standardised
+  confidence); ``conf_norm`` and ``pos_weight`` (negatives / positives over the loss's
+  units: steps for the MLP, traces for Seq) come from the training split.
+- Small harvests are loaded into memory (float16 states); large ones (``streaming: auto``
+  and more than ``max_in_memory_gb`` of states, or ``streaming: true``) are streamed from
+  parquet a record batch at a time, with a chunk shuffle of ``shuffle_buffer`` samples.
+- DDP: training data is split across ranks (a DistributedSampler in memory; trace shards
+  when streaming, every rank yielding the same number of batches); every rank validates on
+  the whole validation split, so all ranks compute the same metrics without a gather.
+  Use it with ``Trainer(use_distributed_sampler=False)`` (``train.py`` does).
+
+A first pass reads only the small columns (question_id, trace_index, correct, conf_*) to
+count, check and split; hidden states are read afterwards, once (memory) or each epoch (stream).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from gambit_scorer.harvest_io import (
+    HarvestError,
+    decode_states,
+    iter_batches,
+    list_column,
+    read_manifest,
+    shard_paths,
+)
+from gambit_scorer.models import feature_size, resolve_features, step_features
+
+SCAN_COLUMNS = ("question_id", "trace_index", "correct", "conf_mean", "conf_min")
+STATE_COLUMNS = ("question_id", "trace_index", "hidden_states")
+
+
+# ----------------------------------------------------------------------------- scan + split
+
+
+@dataclass
+class HarvestIndex:
+    """Everything about a set of harvests except the hidden states (one entry per trace)."""
+
+    dirs: list[Path]
+    manifests: list[dict]
+    hidden_size: int
+    questions: list[str]
+    """Distinct question ids; ``qidx`` indexes this."""
+    qidx: np.ndarray
+    label: np.ndarray
+    """bool: the trace's final answer is correct."""
+    n_steps: np.ndarray
+    offsets: np.ndarray
+    """Trace t's steps are rows offsets[t]:offsets[t+1] of ``conf`` (and of the states)."""
+    conf: np.ndarray
+    """float32 [total_steps, 2]: conf_mean, conf_min."""
+    key: dict[tuple[int, str, int], int] = field(repr=False)
+    """(dir index, question_id, trace_index) -> trace id."""
+
+    @property
+    def n_traces(self) -> int:
+        return len(self.label)
+
+    @property
+    def state_bytes(self) -> int:
+        return int(self.offsets[-1]) * self.hidden_size * 2
+
+
+def resolve_harvest_dirs(spec: str | Path | Sequence[str | Path] | None) -> list[Path]:
+    if spec is None or spec == "" or (isinstance(spec, str) and spec == "???"):
+        raise HarvestError(
+            "no harvest given: pass data.harvest=<harvest dir> (or a list: data.harvest=[dir1,dir2])"
+        )
+    if isinstance(spec, (str, Path)):
+        return [Path(spec)]
+    return [Path(s) for s in spec]
+
+
+def scan_harvests(dirs: Sequence[str | Path], read_batch_size: int = 1024) -> HarvestIndex:
+    """Read manifests and the small columns; check the data is usable for training."""
+    dirs = [Path(d) for d in dirs]
+    manifests = [read_manifest(d) for d in dirs]
+    sizes = {int(m["hidden_size"]) for m in manifests}
+    if len(sizes) > 1:
+        desc = ", ".join(
+            f"{d} -> {m['hidden_size']} ({m.get('model')})"
+            for d, m in zip(dirs, manifests, strict=True)
+        )
+        raise HarvestError(
+            f"mixed hidden sizes across harvests ({desc}): a scorer reads one policy model's hidden states; "
+            "pass only harvests of one model in data.harvest"
+        )
+    hidden_size = sizes.pop()
+    if len({m.get("model_hash") for m in manifests}) > 1:
+        warnings.warn(
+            f"harvests {[str(d) for d in dirs]} come from different policy models (model_hash differs): "
+            "a scorer is meant for the model whose hidden states it reads",
+            stacklevel=2,
+        )
+    qid_to_idx: dict[str, int] = {}
+    qidx, label, n_steps, confs = [], [], [], []
+    key: dict[tuple[int, str, int], int] = {}
+    for di, d in enumerate(dirs):
+        if not shard_paths(d):
+            raise HarvestError(
+                f"harvest {str(d)!r} has no data/shard-*.parquet files: the harvest is empty or unfinished"
+            )
+        for batch in iter_batches(d, SCAN_COLUMNS, read_batch_size):
+            qids = batch.column("question_id").to_pylist()
+            tix = batch.column("trace_index").to_pylist()
+            cor = batch.column("correct").to_pylist()
+            cmean = list_column(batch.column("conf_mean"), np.float32)
+            cmin = list_column(batch.column("conf_min"), np.float32)
+            for q, t, c, a, b in zip(qids, tix, cor, cmean, cmin, strict=True):
+                if len(a) != len(b):
+                    raise HarvestError(
+                        f"{d}: trace {q}/{t} has {len(a)} conf_mean but {len(b)} conf_min values"
+                    )
+                k = (di, q, int(t))
+                if k in key:
+                    raise HarvestError(
+                        f"{d}: trace (question_id={q!r}, trace_index={t}) appears twice"
+                    )
+                key[k] = len(label)
+                qidx.append(qid_to_idx.setdefault(q, len(qid_to_idx)))
+                label.append(bool(c))
+                n_steps.append(len(a))
+                confs.append(np.stack([a, b], axis=1) if len(a) else np.zeros((0, 2), np.float32))
+    names = ", ".join(map(str, dirs))
+    if not label:
+        raise HarvestError(
+            f"harvest {names} holds no traces: run the harvest (or point data.harvest at a finished one)"
+        )
+    n_steps_a = np.asarray(n_steps, dtype=np.int64)
+    label_a = np.asarray(label, dtype=bool)
+    has = n_steps_a > 0
+    if not has.any():
+        raise HarvestError(
+            f"no trace in {names} has a thought boundary: check the manifest's boundary_token_ids "
+            "(the policy model must emit them, or harvest with fixed-interval boundaries)"
+        )
+    n_pos = int(label_a[has].sum())
+    if n_pos in (0, int(has.sum())):
+        which = "correct" if n_pos else "incorrect"
+        raise HarvestError(
+            f"all {int(has.sum())} traces in {names} are {which}: a scorer needs both outcomes; harvest "
+            "more or harder/easier questions, or more samples per question (higher temperature)"
+        )
+    offsets = np.zeros(len(label) + 1, dtype=np.int64)
+    np.cumsum(n_steps_a, out=offsets[1:])
+    return HarvestIndex(
+        dirs=dirs,
+        manifests=manifests,
+        hidden_size=hidden_size,
+        questions=list(qid_to_idx),
+        qidx=np.asarray(qidx, dtype=np.int64),
+        label=label_a,
+        n_steps=n_steps_a,
+        offsets=offsets,
+        conf=np.concatenate(confs, axis=0).astype(np.float32),
+        key=key,
+    )
+
+
+def split_by_question(
+    qidx: np.ndarray, label: np.ndarray, val_fraction: float, seed: int
+) -> np.ndarray:
+    """Boolean mask of validation traces: whole questions, stratified by trace label."""
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
+    n_q = len(np.unique(qidx))
+    if n_q < 2:
+        raise HarvestError(
+            f"the harvest has {n_q} question: splitting by question needs at least 2 (harvest more questions)"
+        )
+    k = min(max(2, round(1 / val_fraction)), n_q)
+    cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
+    y = label.astype(int)
+    for _, val_idx in cv.split(np.zeros(len(y)), y, groups=qidx):
+        val = np.zeros(len(y), dtype=bool)
+        val[val_idx] = True
+        if 0 < y[val].sum() < val.sum() and 0 < y[~val].sum() < (~val).sum():
+            return val
+    raise HarvestError(
+        "no split by question leaves both outcomes on both sides: too few questions with correct "
+        "(or incorrect) traces; harvest more questions"
+    )
+
+
+# ----------------------------------------------------------------------------- samples
+
+
+def _rows_of(index: HarvestIndex, traces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(state row, trace id, 1-based step index) for every step of ``traces``."""
+    n = index.n_steps[traces]
+    rows = (
+        np.concatenate([np.arange(index.offsets[t], index.offsets[t + 1]) for t in traces])
+        if len(traces)
+        else np.zeros(0, np.int64)
+    )
+    tr = np.repeat(traces, n)
+    step = rows - np.repeat(index.offsets[traces], n) + 1
+    return rows.astype(np.int64), tr.astype(np.int64), step.astype(np.int64)
+
+
+class _Featurizer:
+    def __init__(self, features: tuple[str, ...], conf_norm: dict | None):
+        self.features, self.conf_norm = features, conf_norm
+
+    def __call__(self, states: np.ndarray, conf: np.ndarray) -> torch.Tensor:
+        return step_features(
+            torch.from_numpy(np.asarray(states, dtype=np.float32)),
+            torch.from_numpy(conf[..., 0].copy()),
+            torch.from_numpy(conf[..., 1].copy()),
+            features=self.features,
+            conf_norm=self.conf_norm,
+        )
+
+
+def _seq_batch(items, featurize: _Featurizer, max_len: int) -> dict[str, torch.Tensor]:
+    """items: (states [n, d], conf [n, 2], label, trace id, question, first step index) -> padded batch."""
+    items = [
+        (s[-max_len:], c[-max_len:], y, t, q, step0 + max(0, len(s) - max_len))
+        for s, c, y, t, q, step0 in items
+    ]
+    T = max(len(s) for s, *_ in items)
+    B = len(items)
+    d = items[0][0].shape[1]
+    states = np.zeros((B, T, d), np.float32)
+    conf = np.zeros((B, T, 2), np.float32)
+    mask = np.zeros((B, T), bool)
+    step = np.zeros((B, T), np.int64)
+    for i, (s, c, _, _, _, s0) in enumerate(items):
+        n = len(s)
+        states[i, :n], conf[i, :n], mask[i, :n] = s, c, True
+        step[i, :n] = np.arange(s0, s0 + n)
+    x = featurize(states, conf)
+    m = torch.from_numpy(mask)
+    x[~m] = 0.0
+    return {
+        "x": x,
+        "mask": m,
+        "lengths": m.sum(1),
+        "step": torch.from_numpy(step),
+        "y": torch.tensor([float(it[2]) for it in items]),
+        "trace": torch.tensor([it[3] for it in items], dtype=torch.long),
+        "q": torch.tensor([it[4] for it in items], dtype=torch.long),
+    }
+
+
+def _identity(batch):
+    return batch
+
+
+class StepDataset(Dataset):
+    """MLP samples in memory: one per boundary state. Fetches whole batches (``__getitems__``)."""
+
+    def __init__(
+        self, index: HarvestIndex, states: np.ndarray, traces: np.ndarray, featurize: _Featurizer
+    ):
+        self.index, self.states, self.featurize = index, states, featurize
+        self.rows, self.trace, self.step = _rows_of(index, traces)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitems__(self, idx: list[int]) -> dict[str, torch.Tensor]:
+        idx = np.asarray(idx)
+        rows, tr = self.rows[idx], self.trace[idx]
+        return {
+            "x": self.featurize(self.states[rows], self.index.conf[rows]),
+            "y": torch.from_numpy(self.index.label[tr].astype(np.float32)),
+            "trace": torch.from_numpy(tr),
+            "q": torch.from_numpy(self.index.qidx[tr]),
+            "step": torch.from_numpy(self.step[idx]),
+        }
+
+    def __getitem__(self, i: int):
+        return self.__getitems__([i])
+
+
+class TraceDataset(Dataset):
+    """Seq samples in memory: one per trace, padded per batch."""
+
+    def __init__(self, index, states, traces, featurize, max_len):
+        self.index, self.states, self.featurize, self.max_len = index, states, featurize, max_len
+        self.traces = np.asarray(traces, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.traces)
+
+    def __getitems__(self, idx: list[int]) -> dict[str, torch.Tensor]:
+        ix = self.index
+        items = []
+        for t in self.traces[np.asarray(idx)]:
+            a, b = ix.offsets[t], ix.offsets[t + 1]
+            items.append((self.states[a:b], ix.conf[a:b], ix.label[t], int(t), int(ix.qidx[t]), 1))
+        return _seq_batch(items, self.featurize, self.max_len)
+
+    def __getitem__(self, i: int):
+        return self.__getitems__([i])
+
+
+class StreamingDataset(IterableDataset):
+    """Samples streamed from parquet, already batched. Trace t belongs to shard t % n_shards
+    (shards = ranks x workers); each shard yields at most ``n_batches`` batches (equal across
+    ranks, so DDP steps stay in lockstep)."""
+
+    def __init__(
+        self,
+        index: HarvestIndex,
+        traces: np.ndarray,
+        kind: str,
+        featurize: _Featurizer,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        shuffle_buffer: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        n_batches: int | None = None,
+        read_batch_size: int = 256,
+        max_len: int = 4096,
+    ):
+        self.index, self.kind, self.featurize, self.batch_size = index, kind, featurize, batch_size
+        self.member = np.zeros(index.n_traces, bool)
+        self.member[np.asarray(traces, dtype=np.int64)] = True
+        self.shuffle, self.buffer, self.seed = shuffle, shuffle_buffer, seed
+        self.rank, self.world_size, self.n_batches = rank, world_size, n_batches
+        self.read_batch_size, self.max_len = read_batch_size, max_len
+        self.epoch = 0
+        units = index.n_steps[self.member] if kind == "mlp" else (index.n_steps[self.member] > 0)
+        self.n_units = int(units.sum())
+
+    def __len__(self) -> int:
+        """Batches per epoch over all workers (lets the progress bar and LR schedule know)."""
+        if self.n_batches is not None:
+            return self.n_batches
+        return -(-self.n_units // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _traces(self, shard: int, n_shards: int, rng) -> Iterator[tuple[int, np.ndarray]]:
+        ix = self.index
+        for di, d in enumerate(ix.dirs):
+            files = shard_paths(d)
+            if self.shuffle:
+                files = [files[i] for i in rng.permutation(len(files))]
+            for f in files:
+                import pyarrow.parquet as pq
+
+                pf = pq.ParquetFile(f)
+                for batch in pf.iter_batches(
+                    batch_size=self.read_batch_size, columns=list(STATE_COLUMNS)
+                ):
+                    qids = batch.column("question_id").to_pylist()
+                    tix = batch.column("trace_index").to_pylist()
+                    blobs = batch.column("hidden_states")
+                    for i, (q, t) in enumerate(zip(qids, tix, strict=True)):
+                        tid = ix.key[(di, q, int(t))]
+                        if not self.member[tid] or tid % n_shards != shard or ix.n_steps[tid] == 0:
+                            continue
+                        yield tid, _checked_states(ix, tid, blobs[i].as_py())
+
+    def _samples(self, shard, n_shards, rng):
+        """Chunks of samples: MLP -> (states, conf, trace, step) arrays; Seq -> list of trace items."""
+        pending, size = [], 0
+        for tid, states in self._traces(shard, n_shards, rng):
+            pending.append((tid, states))
+            size += len(states) if self.kind == "mlp" else 1
+            if size >= self.buffer:
+                yield pending
+                pending, size = [], 0
+        if pending:
+            yield pending
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        n_workers, worker = (info.num_workers, info.id) if info else (1, 0)
+        shard, n_shards = self.rank * n_workers + worker, self.world_size * n_workers
+        rng = np.random.default_rng([self.seed, self.epoch, shard])
+        limit = (
+            None
+            if self.n_batches is None
+            else self.n_batches // n_workers + (worker < self.n_batches % n_workers)
+        )
+        ix, bs, emitted = self.index, self.batch_size, 0
+        carry: list = []
+        for chunk in self._samples(shard, n_shards, rng):
+            if self.kind == "mlp":
+                parts = []
+                for tid, states in chunk:
+                    a, b = ix.offsets[tid], ix.offsets[tid + 1]
+                    n = b - a
+                    parts.append((states, ix.conf[a:b], np.full(n, tid), np.arange(1, n + 1)))
+                if carry:
+                    parts.insert(0, carry)
+                S, C, T, K = (np.concatenate([p[j] for p in parts]) for j in range(4))
+                order = rng.permutation(len(S)) if self.shuffle else np.arange(len(S))
+                n_full = len(S) // bs
+                for i in range(n_full):
+                    sel = order[i * bs : (i + 1) * bs]
+                    yield self._step_batch(S[sel], C[sel], T[sel], K[sel])
+                    emitted += 1
+                    if limit is not None and emitted >= limit:
+                        return
+                rest = order[n_full * bs :]
+                carry = (S[rest], C[rest], T[rest], K[rest]) if len(rest) else []
+            else:
+                items = [
+                    (
+                        s,
+                        ix.conf[ix.offsets[t] : ix.offsets[t + 1]],
+                        ix.label[t],
+                        t,
+                        int(ix.qidx[t]),
+                        1,
+                    )
+                    for t, s in chunk
+                ]
+                items = carry + items
+                if self.shuffle:
+                    items = [items[i] for i in rng.permutation(len(items))]
+                n_full = len(items) // bs
+                for i in range(n_full):
+                    yield _seq_batch(items[i * bs : (i + 1) * bs], self.featurize, self.max_len)
+                    emitted += 1
+                    if limit is not None and emitted >= limit:
+                        return
+                carry = items[n_full * bs :]
+        if carry and limit is None:  # the last partial batch (validation)
+            if self.kind == "mlp":
+                yield self._step_batch(*carry)
+            else:
+                yield _seq_batch(carry, self.featurize, self.max_len)
+
+    def _step_batch(self, S, C, T, K):
+        ix = self.index
+        return {
+            "x": self.featurize(S, C),
+            "y": torch.from_numpy(ix.label[T].astype(np.float32)),
+            "trace": torch.from_numpy(T.astype(np.int64)),
+            "q": torch.from_numpy(ix.qidx[T]),
+            "step": torch.from_numpy(K.astype(np.int64)),
+        }
+
+
+def _checked_states(ix: HarvestIndex, tid: int, blob: bytes) -> np.ndarray:
+    states = decode_states(blob, ix.hidden_size)
+    if len(states) != ix.n_steps[tid]:
+        raise HarvestError(
+            f"trace {tid} ({ix.questions[ix.qidx[tid]]}) has {len(states)} hidden-state rows of size "
+            f"{ix.hidden_size} but {ix.n_steps[tid]} boundaries: its states were written with another "
+            "hidden size than the manifest's, or the shard is corrupt; re-run the harvest"
+        )
+    return states
+
+
+def load_states(index: HarvestIndex, read_batch_size: int = 256) -> np.ndarray:
+    """All boundary states in memory: float16 [total_steps, hidden_size], rows by ``index.offsets``."""
+    out = np.zeros((int(index.offsets[-1]), index.hidden_size), np.float16)
+    for di, d in enumerate(index.dirs):
+        for batch in iter_batches(d, STATE_COLUMNS, read_batch_size):
+            qids = batch.column("question_id").to_pylist()
+            tix = batch.column("trace_index").to_pylist()
+            blobs = batch.column("hidden_states")
+            for i, (q, t) in enumerate(zip(qids, tix, strict=True)):
+                tid = index.key[(di, q, int(t))]
+                if index.n_steps[tid]:
+                    out[index.offsets[tid] : index.offsets[tid + 1]] = _checked_states(
+                        index, tid, blobs[i].as_py()
+                    )
+    return out
+
+
+# ----------------------------------------------------------------------------- DataModule
+
+
+class HarvestDataModule(L.LightningDataModule):
+    """Harvest -> train/val loaders for ``kind`` 'mlp' (steps) or 'seq' (traces)."""
+
+    def __init__(
+        self,
+        harvest: str | Sequence[str],
+        kind: str = "mlp",
+        features: str | Sequence[str] = "hidden",
+        batch_size: int = 128,
+        eval_batch_size: int | None = None,
+        val_fraction: float = 0.2,
+        seed: int = 0,
+        num_workers: int = 0,
+        streaming: bool | str = "auto",
+        max_in_memory_gb: float = 4.0,
+        shuffle_buffer: int = 8192,
+        read_batch_size: int = 256,
+        max_len: int = 4096,
+    ):
+        super().__init__()
+        if kind not in ("mlp", "seq"):
+            raise ValueError(f"unknown scorer kind {kind!r}: choose scorer=mlp or scorer=seq")
+        self.dirs = resolve_harvest_dirs(harvest)
+        self.kind, self.features = kind, resolve_features(features)
+        self.batch_size, self.eval_batch_size = (
+            int(batch_size),
+            int(eval_batch_size or (4 * batch_size)),
+        )
+        self.val_fraction, self.seed, self.num_workers = (
+            float(val_fraction),
+            int(seed),
+            int(num_workers),
+        )
+        if streaming not in (True, False, "auto"):
+            raise ValueError(f"data.streaming must be true, false or auto, got {streaming!r}")
+        self.streaming_opt, self.max_in_memory_gb = streaming, float(max_in_memory_gb)
+        self.shuffle_buffer, self.read_batch_size, self.max_len = (
+            int(shuffle_buffer),
+            int(read_batch_size),
+            int(max_len),
+        )
+        self.index: HarvestIndex | None = None
+
+    # -- setup (idempotent; every DDP process runs it) --
+    def setup(self, stage: str | None = None) -> None:
+        if self.index is not None:
+            return
+        ix = scan_harvests(self.dirs, read_batch_size=max(self.read_batch_size, 1024))
+        val = split_by_question(ix.qidx, ix.label, self.val_fraction, self.seed)
+        has = ix.n_steps > 0
+        self.train_traces = np.flatnonzero(~val & has)
+        self.val_traces = np.flatnonzero(val & has)
+        rows, _, _ = _rows_of(ix, self.train_traces)
+        c = ix.conf[rows]
+        c = np.clip(np.nan_to_num(c, nan=0.0, neginf=-100.0), -100.0, None)
+        std = c.std(0)
+        self.conf_norm = {
+            "mean": c.mean(0).tolist(),
+            "std": np.where(std > 1e-6, std, 1.0).tolist(),
+        }
+        y_tr = ix.label[self.train_traces]
+        if self.kind == "mlp":
+            n_pos = int((y_tr * ix.n_steps[self.train_traces]).sum())
+            n_all = int(ix.n_steps[self.train_traces].sum())
+        else:
+            n_pos, n_all = int(y_tr.sum()), len(y_tr)
+        self.pos_weight = (n_all - n_pos) / max(n_pos, 1)
+        self.streaming = self.streaming_opt is True or (
+            self.streaming_opt == "auto" and ix.state_bytes > self.max_in_memory_gb * 2**30
+        )
+        self.states = None if self.streaming else load_states(ix, self.read_batch_size)
+        self.featurize = _Featurizer(
+            self.features, self.conf_norm if len(self.features) > 1 else None
+        )
+        self.index = ix
+
+    # -- facts the model and the checkpoint need --
+    @property
+    def hidden_size(self) -> int:
+        return self._need().hidden_size
+
+    @property
+    def input_size(self) -> int:
+        return feature_size(self.features, self.hidden_size)
+
+    @property
+    def manifest(self) -> dict:
+        return self._need().manifests[0]
+
+    def _need(self) -> HarvestIndex:
+        if self.index is None:
+            self.setup()
+        return self.index
+
+    def summary(self) -> dict:
+        ix = self._need()
+        tr, va = self.train_traces, self.val_traces
+        return {
+            "harvest": [str(d) for d in ix.dirs],
+            "hidden_size": ix.hidden_size,
+            "features": list(self.features),
+            "streaming": bool(self.streaming),
+            "n_questions": {
+                "train": len(np.unique(ix.qidx[tr])),
+                "val": len(np.unique(ix.qidx[va])),
+            },
+            "n_traces": {"train": len(tr), "val": len(va)},
+            "n_steps": {"train": int(ix.n_steps[tr].sum()), "val": int(ix.n_steps[va].sum())},
+            "pos_rate_traces": {
+                "train": float(ix.label[tr].mean()),
+                "val": float(ix.label[va].mean()),
+            },
+            "n_traces_without_boundary": int((ix.n_steps == 0).sum()),
+            "pos_weight": self.pos_weight,
+        }
+
+    def set_epoch(self, epoch: int) -> None:
+        for ds in (getattr(self, "_train_ds", None),):
+            if isinstance(ds, StreamingDataset):
+                ds.set_epoch(epoch)
+
+    def _dist(self) -> tuple[int, int]:
+        t = getattr(self, "trainer", None)
+        return (t.global_rank, t.world_size) if t is not None else (0, 1)
+
+    def _units(self, traces: np.ndarray) -> np.ndarray:
+        return self.index.n_steps[traces] if self.kind == "mlp" else np.ones(len(traces), np.int64)
+
+    def train_dataloader(self) -> DataLoader:
+        ix = self._need()
+        rank, world = self._dist()
+        g = torch.Generator().manual_seed(self.seed)
+        if self.streaming:
+            n_shards = world * max(1, self.num_workers)
+            per_shard = np.bincount(
+                self.train_traces % n_shards,
+                weights=self._units(self.train_traces),
+                minlength=n_shards,
+            )
+            n_batches = int(per_shard.min() // self.batch_size) * max(1, self.num_workers)
+            if n_batches == 0:
+                raise HarvestError(
+                    f"too little training data to stream {self.batch_size}-sample batches to {n_shards} "
+                    "shards (ranks x workers): lower the batch size or data.num_workers, or use data.streaming=false"
+                )
+            self._train_ds = StreamingDataset(
+                ix,
+                self.train_traces,
+                self.kind,
+                self.featurize,
+                self.batch_size,
+                shuffle=True,
+                shuffle_buffer=self.shuffle_buffer,
+                seed=self.seed,
+                rank=rank,
+                world_size=world,
+                n_batches=n_batches,
+                read_batch_size=self.read_batch_size,
+                max_len=self.max_len,
+            )
+            return DataLoader(self._train_ds, batch_size=None, num_workers=self.num_workers)
+        ds = (
+            StepDataset(ix, self.states, self.train_traces, self.featurize)
+            if self.kind == "mlp"
+            else TraceDataset(ix, self.states, self.train_traces, self.featurize, self.max_len)
+        )
+        if world > 1:
+            from torch.utils.data.distributed import DistributedSampler
+
+            sampler = DistributedSampler(
+                ds, num_replicas=world, rank=rank, shuffle=True, seed=self.seed
+            )
+        else:
+            sampler = torch.utils.data.RandomSampler(ds, generator=g)
+        self._train_ds = ds
+        return DataLoader(
+            ds,
+            batch_size=self.batch_size,
+            sampler=sampler,
+            collate_fn=_identity,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        ix = self._need()
+        if self.streaming:
+            ds = StreamingDataset(
+                ix,
+                self.val_traces,
+                self.kind,
+                self.featurize,
+                self.eval_batch_size,
+                shuffle=False,
+                shuffle_buffer=self.shuffle_buffer,
+                seed=self.seed,
+                read_batch_size=self.read_batch_size,
+                max_len=self.max_len,
+            )
+            return DataLoader(ds, batch_size=None, num_workers=min(self.num_workers, 1))
+        ds = (
+            StepDataset(ix, self.states, self.val_traces, self.featurize)
+            if self.kind == "mlp"
+            else TraceDataset(ix, self.states, self.val_traces, self.featurize, self.max_len)
+        )
+        return DataLoader(
+            ds,
+            batch_size=self.eval_batch_size,
+            shuffle=False,
+            collate_fn=_identity,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
