@@ -1,0 +1,242 @@
+"""Engine adapter overhead: generation throughput with boundary capture vs plain vLLM, and
+the cost of a fork.
+
+One engine, one run: for each concurrency C the same C prompts (C/2 toy questions x 2 seeds,
+all added at once, ``max_num_seqs`` >= C) are generated alternately
+
+* ``plain``:   ``LLM.generate`` on the same ``vllm.LLM`` with Gambit's worker hooks removed;
+* ``adapter``: :class:`~gambit_search.vllm_engine.VLLMEngine` stepping with boundary capture
+  (hooks installed, rows drained every step, deltas and boundary events built),
+
+``--reps`` times each (ABAB...); with identical seeds both produce the same tokens. Reported:
+tokens/s of each (median over reps) and their ratio (goal >= 0.97). Then forks: C traces run,
+and every few steps running traces are forked; per fork the prompt tokens recomputed
+(prompt len - ``num_cached_tokens``), the ``fork()`` call time and the time to the child's
+first token.
+
+    .venv/bin/python benchmarks/engine_overhead.py                 # toy policy, C = 64, 256
+    .venv/bin/python benchmarks/engine_overhead.py --reps 5 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _prompts(tokenizer, n: int) -> list[tuple[list[int], int]]:
+    from data_pipelines.prompts import build_prompt_ids
+    from data_pipelines.toy.task import draw_questions
+
+    qs = draw_questions("test", (n + 1) // 2)
+    ids = [build_prompt_ids(q.text, tokenizer) for q in qs]
+    return [(ids[k // 2], 10_000 + k) for k in range(n)]
+
+
+def run_plain(eng, jobs, max_tokens: int) -> tuple[int, float]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = [SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=max_tokens,
+                             seed=s) for _, s in jobs]
+    prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in jobs]
+    t0 = time.perf_counter()
+    outs = eng.llm.generate(prompts, params, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    return sum(len(o.outputs[0].token_ids) for o in outs), dt
+
+
+def run_adapter(eng, jobs, max_tokens: int) -> tuple[int, float, int]:
+    from gambit_search.engine import SamplingSpec
+
+    spec = SamplingSpec(temperature=1.0, top_p=1.0, top_k=0, max_tokens=max_tokens)
+    t0 = time.perf_counter()
+    for p, s in jobs:
+        eng.add_trace(p, spec, seed=s)
+    n_tok = n_ev = 0
+    while eng.has_unfinished():
+        out = eng.step()
+        n_tok += sum(len(d.token_ids) for d in out.deltas)
+        n_ev += len(out.boundaries)
+    dt = time.perf_counter() - t0
+    return n_tok, dt, n_ev
+
+
+def _cpu_seconds() -> dict[int, float]:
+    """user+system CPU seconds of this process and every descendant (engine core, worker)."""
+    import psutil
+
+    me = psutil.Process()
+    out = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except psutil.Error:
+            pass
+    return out
+
+
+def bench_throughput(eng, conc: int, reps: int, max_tokens: int) -> dict:
+    jobs = _prompts(eng.tokenizer, conc)
+    rows = {"plain": [], "adapter": []}
+    events = 0
+    for r in range(reps):
+        order = ("plain", "adapter") if r % 2 == 0 else ("adapter", "plain")
+        for mode in order:
+            if mode == "plain":
+                eng.set_capture(False)
+            c0 = _cpu_seconds()
+            tm0, cs0 = dict(eng.timing), eng.capture_stats()
+            if mode == "plain":
+                n, dt = run_plain(eng, jobs, max_tokens)
+            else:
+                n, dt, events = run_adapter(eng, jobs, max_tokens)
+            c1 = _cpu_seconds()
+            extra = {}
+            if mode == "adapter":
+                tm1, cs1 = eng.timing, eng.capture_stats()
+                extra = {
+                    "steps": tm1["steps"] - tm0["steps"],
+                    "driver_adapter_s": (tm1["step_s"] - tm0["step_s"])
+                    - (tm1["vllm_step_s"] - tm0["vllm_step_s"]),
+                    "worker_capture_s": cs1["capture_s"] - cs0["capture_s"],
+                }
+            if mode == "plain":
+                eng.set_capture(True)
+            cpu = sum(c1[k] - c0[k] for k in c0 if k in c1)
+            rows[mode].append({"tokens": n, "seconds": dt, "tok_s": n / dt, "cpu_s": cpu,
+                               "tok_per_cpu_s": n / cpu, **extra})
+            more = (f" | adapter code {extra['driver_adapter_s']:.2f} s driver, "
+                    f"{extra['worker_capture_s']:.2f} s worker" if extra else "")
+            print(f"  C={conc} rep {r} {mode:8s} {n} tokens {dt:7.2f} s {n / dt:9.1f} tok/s "
+                  f"cpu {cpu:6.1f} s {n / cpu:8.1f} tok/cpu-s  load {os.getloadavg()[0]:.1f}"
+                  f"{more}", flush=True)
+    med = {m: statistics.median(x["tok_s"] for x in v) for m, v in rows.items()}
+    med_cpu = {m: statistics.median(x["tok_per_cpu_s"] for x in v) for m, v in rows.items()}
+    paired = [a["tok_s"] / p["tok_s"] for a, p in zip(rows["adapter"], rows["plain"],
+                                                      strict=True)]
+    own = [(a["driver_adapter_s"] + a["worker_capture_s"]) / a["seconds"]
+           for a in rows["adapter"]]
+    return {"concurrency": conc, "runs": rows, "median_tok_s": med,
+            "adapter_code_share_of_wall": statistics.median(own),
+            "ratio_of_medians": med["adapter"] / med["plain"],
+            "median_tok_per_cpu_s": med_cpu,
+            "cpu_ratio_of_medians": med_cpu["adapter"] / med_cpu["plain"],
+            "paired_ratios": paired, "boundary_events_per_run": events}
+
+
+def bench_forks(eng, conc: int, n_forks: int, max_tokens: int) -> dict:
+    from gambit_search.engine import SamplingSpec, TraceStatus
+
+    jobs = _prompts(eng.tokenizer, conc)
+    spec = SamplingSpec(temperature=1.0, top_p=1.0, top_k=0, max_tokens=max_tokens)
+    parents = [eng.add_trace(p, spec, seed=s) for p, s in jobs]
+    forked: dict[int, dict] = {}
+    step = 0
+    k = 0
+    while eng.has_unfinished():
+        out = eng.step()
+        now = time.perf_counter()
+        step += 1
+        for d in out.deltas:
+            f = forked.get(d.trace)
+            if f is not None and d.num_cached_tokens is not None:
+                f["cached"] = d.num_cached_tokens
+                f["ttft_ms"] = (now - f["t0"]) * 1000
+        if len(forked) < n_forks and step % 5 == 0:
+            running = [t for t in parents if eng.trace_info(t).status is TraceStatus.RUNNING
+                       and len(eng.trace_info(t).output_ids) >= 8]
+            for t in running[: min(8, n_forks - len(forked))]:
+                t0 = time.perf_counter()
+                c = eng.fork(t, seed=50_000 + k)
+                t1 = time.perf_counter()
+                k += 1
+                forked[c] = {"t0": t0, "call_ms": (t1 - t0) * 1000,
+                             "prompt_len": len(eng.trace_info(c).prompt_ids)}
+    done = [f for f in forked.values() if "cached" in f]
+    recomputed = [f["prompt_len"] - f["cached"] for f in done]
+    return {
+        "forks": len(done),
+        "block_size": eng.block_size,
+        "recomputed_tokens": {"mean": statistics.mean(recomputed), "max": max(recomputed),
+                              "min": min(recomputed)},
+        "prompt_len_mean": statistics.mean(f["prompt_len"] for f in done),
+        "fork_call_ms": {"mean": statistics.mean(f["call_ms"] for f in done),
+                         "max": max(f["call_ms"] for f in done)},
+        "time_to_first_token_ms": {"median": statistics.median(f["ttft_ms"] for f in done),
+                                   "mean": statistics.mean(f["ttft_ms"] for f in done)},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(REPO / "checkpoints" / "toy-policy"))
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=300)
+    ap.add_argument("--forks", type=int, default=128)
+    ap.add_argument("--kv-bytes", type=int, default=512 << 20)
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = ap.parse_args(argv)
+
+    import torch
+    import vllm
+
+    from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+    t0 = time.perf_counter()
+    eng = VLLMEngine(VLLMEngineConfig(
+        model=args.model, dtype="float32", max_num_seqs=max(args.concurrency),
+        kv_cache_memory_bytes=args.kv_bytes, block_size=32, seed=0))
+    startup = time.perf_counter() - t0
+    print(f"engine up in {startup:.1f} s (runner {eng.runner_kind})", flush=True)
+    # warm-up both paths
+    run_plain(eng, _prompts(eng.tokenizer, 8), 32)
+    run_adapter(eng, _prompts(eng.tokenizer, 8), 32)
+    res = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "vllm": vllm.__version__, "torch": torch.__version__,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "startup_s": startup, "throughput": [], "forks": None,
+        "load_avg_start": os.getloadavg(),
+    }
+    for c in args.concurrency:
+        res["throughput"].append(bench_throughput(eng, c, args.reps, args.max_tokens))
+    res["forks"] = bench_forks(eng, min(args.concurrency), args.forks, args.max_tokens)
+    res["memory_after"] = eng.memory().__dict__
+    res["load_avg_end"] = os.getloadavg()
+    eng.close()
+
+    print("\n| traces | plain tok/s | adapter tok/s | ratio | plain tok/cpu-s | "
+          "adapter tok/cpu-s | cpu ratio | adapter code / wall | paired wall ratios |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in res["throughput"]:
+        m, mc = r["median_tok_s"], r["median_tok_per_cpu_s"]
+        pr = ", ".join(f"{x:.2f}" for x in r["paired_ratios"])
+        print(f"| {r['concurrency']} | {m['plain']:.0f} | {m['adapter']:.0f} | "
+              f"{r['ratio_of_medians']:.3f} | {mc['plain']:.0f} | {mc['adapter']:.0f} | "
+              f"{r['cpu_ratio_of_medians']:.3f} | {r['adapter_code_share_of_wall']:.3f} | "
+              f"{pr} |")
+    f = res["forks"]
+    print(f"\nforks: {f['forks']}, block size {f['block_size']}, prompt len mean "
+          f"{f['prompt_len_mean']:.0f}; recomputed tokens mean "
+          f"{f['recomputed_tokens']['mean']:.1f} (min {f['recomputed_tokens']['min']}, max "
+          f"{f['recomputed_tokens']['max']}); fork() call {f['fork_call_ms']['mean']:.2f} ms "
+          f"mean; child first token after {f['time_to_first_token_ms']['median']:.1f} ms "
+          f"(median)")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

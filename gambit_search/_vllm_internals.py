@@ -1,0 +1,566 @@
+"""Every vLLM internal Gambit touches, in one place: hidden-state capture inside the worker.
+
+Stock vLLM (checked on 0.32.0, read from the 0.32/0.33 source) returns no per-token hidden
+states during generation. This module adds them without patching vLLM's files:
+
+* :class:`GambitWorkerExtension` is mixed into every vLLM worker through
+  ``LLM(worker_extension_cls="gambit_search._vllm_internals.GambitWorkerExtension")``. Its
+  methods are called from the driver with ``llm.collective_rpc("gambit_...")``.
+* ``gambit_install`` wraps the model runner's sampling entry point so that, each step, the
+  rows the sampler sees (one post-final-norm last-layer state per scheduled request) are
+  recorded together with their token position and input token:
+
+  - Model Runner V1 (``vllm/v1/worker/gpu_model_runner.py``; the CPU build always uses it):
+    the bound ``runner.execute_model`` is wrapped to arm a flag and ``runner.model.compute_logits``
+    to record its input on the first call of the step. Rows line up with
+    ``runner.input_batch.req_ids``; row i sits at token index ``runner.query_start_loc[i+1]-1``
+    of the flattened batch, whose position and input id are ``runner.positions`` and
+    ``runner.input_ids.gpu`` at that index.
+  - Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``; GPU default): the bound
+    ``runner.sample(hidden_states, input_batch, grammar_output)`` is wrapped; the rows are
+    ``hidden_states[input_batch.logits_indices]`` with ``input_batch.req_ids``,
+    ``input_batch.positions`` and ``input_batch.input_ids`` at the same indices.
+
+  Both call sites run eagerly (outside CUDA graphs and torch.compile). Nothing is copied to
+  the host inside the step: the gathered rows stay on the device until their data is known
+  to be complete (at once on CPU; a CUDA event checked at the next step on GPU).
+* The recording worker filters the rows down to boundary rows and pushes them, as pickled
+  bytes in numbered messages, to a ZMQ PUSH socket connected to the driver's PULL socket
+  (an ipc path the driver passes in the spec). Only boundary rows cross the process
+  boundary, and neither the engine core nor the driver ever waits for them: the driver
+  polls its socket after each step. ``gambit_flush`` (a ``collective_rpc``) is the barrier
+  for when the driver needs every row so far (engine idle, capture switched).
+
+Row semantics (vLLM facts): the row of request r at position p is the state *at* the token at
+position p, from which token p+1 is sampled. So the state at an output boundary token arrives
+one engine step after that token was sampled; partial prefill chunks, preemption recompute and
+the extra step after a stop (async scheduling) add rows at positions seen before, and a
+request that finishes right after a boundary token may never produce its row.
+
+Which rows are kept is decided from the request id, which the driver builds with
+:func:`make_request_id` (``gambit-<trace>-<incarnation>-p<trace prompt len>-<o|c>``; vLLM
+appends ``-<8 random chars>`` internally): a row is kept when its position is an *output*
+position of the trace (p >= trace prompt length), the reasoning is still open (no
+``</think>`` after the last ``<think>``: ``o``/``c`` gives the state at the prompt, input
+tokens update it) and its input token is a boundary token, or, in stride mode, when
+``(p - prompt_len + 1) % stride == 0``. Requests with other ids are never captured.
+
+Unsupported (capture is skipped for those steps, with one warning): speculative decoding
+(more than one sampled row per request). Tensor/pipeline parallel: only the worker with TP
+rank 0 on the last pipeline stage records; the others return ``None`` from the flush. The
+row channel is an ipc socket: the recording worker must run on the driver's host.
+
+Pure-Python pieces (:class:`RowCapture`, :func:`install_capture` with an explicit ``kind``)
+run without vLLM, which is how the MRV2 path is unit tested on a stand-in runner here.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = [
+    "CHECKED_ON",
+    "SUPPORTED",
+    "CaptureSpec",
+    "GambitWorkerExtension",
+    "RowCapture",
+    "decode_rows",
+    "install_capture",
+    "decode_message",
+    "make_request_id",
+    "parse_request_id",
+    "uninstall_capture",
+    "vllm_version_supported",
+]
+
+SUPPORTED = ">=0.32,<0.34"
+"""vLLM versions whose internals this module was read against (0.32.0 run, 0.33 read)."""
+CHECKED_ON = "0.32.0"
+"""The vLLM version the capture was run and tested on."""
+
+WORKER_EXTENSION = "gambit_search._vllm_internals.GambitWorkerExtension"
+"""Import path to pass as ``worker_extension_cls``."""
+
+logger = logging.getLogger(__name__)
+
+# --------------------------------------------------------------------------- request ids
+
+_ID_RE = re.compile(r"^(gambit-(\d+)-(\d+)-p(\d+)-([oc]))(?:-.*)?$")
+
+
+def make_request_id(trace: int, incarnation: int, trace_prompt_len: int, closed: bool) -> str:
+    """External vLLM request id of one incarnation of a trace.
+
+    ``trace_prompt_len`` is the length of the trace's own prompt (not of the request's, which
+    is longer for a revived trace): output positions start there. ``closed`` says the
+    reasoning is already closed at the end of the request's prompt.
+    """
+    return f"gambit-{trace}-{incarnation}-p{trace_prompt_len}-{'c' if closed else 'o'}"
+
+
+def parse_request_id(request_id: str) -> tuple[str, int, int, bool] | None:
+    """``(external id, trace, trace prompt len, closed)`` or None for a foreign request."""
+    m = _ID_RE.match(request_id)
+    if m is None:
+        return None
+    return m.group(1), int(m.group(2)), int(m.group(4)), m.group(5) == "c"
+
+
+def vllm_version_supported(version: str) -> bool:
+    """Whether ``version`` lies in :data:`SUPPORTED` (major.minor only)."""
+    m = re.match(r"^(\d+)\.(\d+)", version)
+    if m is None:
+        return False
+    major, minor = int(m.group(1)), int(m.group(2))
+    return major == 0 and 32 <= minor < 34
+
+
+# --------------------------------------------------------------------------- capture core
+
+
+@dataclass
+class CaptureSpec:
+    """What the worker keeps; sent once by the driver (plain types: it crosses processes)."""
+
+    boundary_ids: list[int] = field(default_factory=list)
+    """Token ids whose decoded text contains the boundary text ("\\n\\n")."""
+    stride: int | None = None
+    """Also keep the state after every ``stride`` output tokens (None: off)."""
+    think_start: int | None = None
+    """Token id of ``<think>``, when the tokenizer has it as one token."""
+    think_end: int | None = None
+    """Token id of ``</think>``, when the tokenizer has it as one token."""
+    sink: str | None = None
+    """ZMQ address the driver PULLs rows from; None: rows wait for :meth:`RowCapture.drain`."""
+    max_pending_steps: int = 8
+    """Device-side steps kept before the oldest is filtered even if not known complete."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CaptureSpec:
+        return cls(**d)
+
+
+@dataclass
+class _Step:
+    req_ids: list[str]
+    rows: torch.Tensor  # [n, d], device, model dtype
+    pos: torch.Tensor  # [n] device
+    tok: torch.Tensor  # [n] device
+    event: Any = None  # CUDA event recorded after the gathers (None: ready at once)
+
+
+class RowCapture:
+    """Records sampler rows each step, filters them to boundary rows, ships them in order.
+
+    ``record`` gathers on the device only. Steps are filtered as soon as their data is known
+    to be on hand (at once on CPU; on CUDA when the event recorded after the gathers has
+    completed, checked at the next record, or when more than ``max_pending_steps`` wait),
+    so a GPU step is never synchronised. Kept rows (float32, host) go out as one message per
+    step: ``{"seq", "ids", "pos", "tok", "rows"}`` pushed (non-blocking) to ``spec.sink``;
+    what cannot be sent yet waits in an outbox, in order. :meth:`flush` is the barrier the
+    driver uses when it needs everything (returns the last sequence number sent and the
+    unsent messages); :meth:`drain` returns everything as one blob (no sink: tests).
+    """
+
+    def __init__(self, spec: CaptureSpec) -> None:
+        self.spec = spec
+        self._lut: np.ndarray | None = None
+        self._parsed: dict[str, tuple[str, int, int, bool] | None] = {}
+        self._closed: dict[str, bool] = {}  # external id -> reasoning closed
+        self._pending: list[_Step] = []
+        self._outbox: list[bytes] = []
+        self._seq = 0  # last sequence number handed to the outbox
+        self._sent = 0  # last sequence number sent
+        self._sock: Any = None
+        self.rows_seen = 0
+        self.rows_kept = 0
+        self.steps_recorded = 0
+        self.seconds = 0.0  # spent in record (gather, filter, send)
+
+    # -- recording (hot path) ------------------------------------------------------------
+    def _parse(self, internal_id: str) -> tuple[str, int, int, bool] | None:
+        try:
+            return self._parsed[internal_id]
+        except KeyError:
+            if len(self._parsed) > 65536:  # a cache: bound it
+                self._parsed.clear()
+            p = self._parsed[internal_id] = parse_request_id(internal_id)
+            return p
+
+    def record(
+        self,
+        req_ids: Sequence[str],
+        rows: torch.Tensor,
+        positions: torch.Tensor,
+        tokens: torch.Tensor,
+    ) -> None:
+        """Record one step: row i of ``rows`` belongs to ``req_ids[i]`` at ``positions[i]``
+        whose input token is ``tokens[i]`` (all three tensors on the same device)."""
+        t0 = time.perf_counter()
+        try:
+            self._record(req_ids, rows, positions, tokens)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def _record(self, req_ids: Sequence[str], rows: torch.Tensor, positions: torch.Tensor,
+                tokens: torch.Tensor) -> None:
+        n = len(req_ids)
+        if n == 0:
+            return
+        keep = [i for i, r in enumerate(req_ids) if self._parse(r) is not None]
+        if not keep:
+            return
+        self.steps_recorded += 1
+        self.rows_seen += len(keep)
+        if len(keep) == n:
+            step = _Step(list(req_ids), rows[:n].detach().clone(), positions[:n].clone(),
+                         tokens[:n].clone())
+        else:
+            idx = torch.tensor(keep, dtype=torch.long).to(rows.device, non_blocking=True)
+            step = _Step([req_ids[i] for i in keep], rows.index_select(0, idx),
+                         positions.index_select(0, idx), tokens.index_select(0, idx))
+        if step.rows.is_cuda:
+            step.event = torch.cuda.Event()
+            step.event.record()
+        self._pending.append(step)
+        self._compact(block=len(self._pending) > self.spec.max_pending_steps)
+        self._send()
+
+    # -- filtering -----------------------------------------------------------------------
+    def _boundary_lut(self, size: int) -> np.ndarray:
+        if self._lut is None or self._lut.shape[0] < size:
+            n = max(size, 1 + max(self.spec.boundary_ids, default=0))
+            lut = np.zeros(n, dtype=bool)
+            if self.spec.boundary_ids:
+                lut[np.asarray(self.spec.boundary_ids, dtype=np.int64)] = True
+            self._lut = lut
+        return self._lut
+
+    def _compact(self, block: bool) -> None:
+        """Filter pending steps in order: all of them if ``block``, else those ready."""
+        while self._pending:
+            st = self._pending[0]
+            if not block and st.event is not None and not st.event.query():
+                break
+            self._pending.pop(0)
+            self._filter(st)
+
+    def _filter(self, st: _Step) -> None:
+        spec = self.spec
+        think = {t for t in (spec.think_start, spec.think_end) if t is not None}
+        pos = st.pos.to("cpu", dtype=torch.int64).numpy()
+        tok = st.tok.to("cpu", dtype=torch.int64).numpy()
+        parsed = [self._parse(r) for r in st.req_ids]
+        plen = np.fromiter((p[2] for p in parsed), dtype=np.int64, count=len(parsed))
+        j = pos - plen  # output index of the row's input token
+        mask = np.zeros(len(pos), dtype=bool)
+        if spec.boundary_ids:
+            lut = self._boundary_lut(int(tok.max()) + 1 if len(tok) else 1)
+            mask |= lut[np.clip(tok, 0, lut.shape[0] - 1)] & (tok >= 0)
+        if spec.stride:
+            mask |= (j + 1) % spec.stride == 0
+        mask &= j >= 0
+        if think:
+            closed = self._closed
+            for i, p in enumerate(parsed):
+                ext = p[0]
+                if mask[i] and closed.get(ext, p[3]):
+                    mask[i] = False
+                t = int(tok[i])
+                if t in think and j[i] >= -1:
+                    if len(closed) > 65536:
+                        closed.clear()
+                    closed[ext] = t == spec.think_end
+        if not mask.any():
+            return
+        sel = np.nonzero(mask)[0]
+        idx = torch.from_numpy(sel).to(st.rows.device)
+        rows = st.rows.index_select(0, idx).to("cpu", dtype=torch.float32).numpy()
+        self.rows_kept += len(sel)
+        self._seq += 1
+        self._outbox.append(pickle.dumps(
+            {"seq": self._seq, "ids": [parsed[i][0] for i in sel.tolist()],
+             "pos": pos[sel], "tok": tok[sel], "rows": rows},
+            protocol=pickle.HIGHEST_PROTOCOL))
+
+    # -- shipping ------------------------------------------------------------------------
+    def _send(self) -> None:
+        if self.spec.sink is None or not self._outbox:
+            return
+        import zmq
+
+        if self._sock is None:
+            self._sock = zmq.Context.instance().socket(zmq.PUSH)
+            self._sock.setsockopt(zmq.SNDHWM, 100_000)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.connect(self.spec.sink)
+        while self._outbox:
+            try:
+                self._sock.send(self._outbox[0], flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._outbox.pop(0)
+            self._sent += 1
+
+    def flush(self) -> tuple[int, list[bytes]]:
+        """Filter everything and send what can be sent: (last sequence number sent, unsent
+        messages in order). The driver reads its socket up to that number, then the rest."""
+        self._compact(block=True)
+        self._send()
+        out, self._outbox = self._outbox, []
+        return self._sent, out
+
+    def drain(self) -> bytes | None:
+        """Everything kept so far as one blob (see :func:`decode_rows`), for use without a
+        sink."""
+        self._compact(block=True)
+        msgs, self._outbox = self._outbox, []
+        self._sent = self._seq
+        if not msgs:
+            return None
+        parts = [pickle.loads(m) for m in msgs]
+        return pickle.dumps({
+            "seq": parts[-1]["seq"],
+            "ids": [i for p in parts for i in p["ids"]],
+            "pos": np.concatenate([p["pos"] for p in parts]),
+            "tok": np.concatenate([p["tok"] for p in parts]),
+            "rows": np.concatenate([p["rows"] for p in parts], axis=0),
+        }, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+
+
+def decode_rows(blob: bytes | None) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """``(external ids, positions, input token ids, float32 rows [n, d])`` of one message."""
+    if not blob:
+        return [], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+    d = pickle.loads(blob)
+    return d["ids"], d["pos"], d["tok"], d["rows"]
+
+
+def decode_message(blob: bytes) -> tuple[int, list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """``(sequence number, ids, positions, tokens, rows)`` of one pushed message."""
+    d = pickle.loads(blob)
+    return int(d["seq"]), d["ids"], d["pos"], d["tok"], d["rows"]
+
+
+# --------------------------------------------------------------------------- runner hooks
+
+
+def _runner_kind(runner: Any) -> str:
+    """'mrv2' for vllm.v1.worker.gpu.model_runner.GPUModelRunner (and subclasses, e.g. the
+    CPU V2 runner), 'mrv1' for vllm.v1.worker.gpu_model_runner.GPUModelRunner (and the CPU
+    and XPU runners built on it)."""
+    for cls in type(runner).__mro__:
+        mod = cls.__module__
+        if mod == "vllm.v1.worker.gpu.model_runner":
+            return "mrv2"
+        if mod == "vllm.v1.worker.gpu_model_runner":
+            return "mrv1"
+    raise RuntimeError(f"unknown vLLM model runner {type(runner).__qualname__}")
+
+
+def _capture_mrv1(runner: Any, rows: torch.Tensor, cap: RowCapture, state: dict) -> None:
+    ib = runner.input_batch
+    n = ib.num_reqs
+    if rows.shape[0] != n:  # spec decode or prompt-logprob rows: not supported
+        if not state.get("warned"):
+            state["warned"] = True
+            logger.warning("gambit capture: %d rows for %d requests; step skipped "
+                           "(speculative decoding is not supported)", rows.shape[0], n)
+        return
+    qsl = runner.query_start_loc.gpu[1 : n + 1]
+    idx = (qsl - 1).long()
+    cap.record(list(ib.req_ids[:n]), rows, runner.positions[idx], runner.input_ids.gpu[idx])
+
+
+def _capture_mrv2(runner: Any, hidden: torch.Tensor, input_batch: Any, cap: RowCapture,
+                  state: dict) -> None:
+    n = input_batch.num_reqs
+    if n == 0:
+        return
+    if input_batch.num_draft_tokens:
+        if not state.get("warned"):
+            state["warned"] = True
+            logger.warning("gambit capture: speculative decoding is not supported; "
+                           "steps with draft tokens are skipped")
+        return
+    idx = input_batch.logits_indices[:n]
+    cap.record(list(input_batch.req_ids[:n]), hidden[idx], input_batch.positions[idx],
+               input_batch.input_ids[idx])
+
+
+def install_capture(runner: Any, cap: RowCapture, kind: str | None = None) -> str:
+    """Wrap ``runner``'s sampling entry point to feed ``cap``; returns 'mrv1' or 'mrv2'.
+
+    ``kind`` forces the runner kind (tests on stand-in runners); by default it is read from
+    the runner's class. Idempotent: a second install replaces the capture target.
+    """
+    uninstall_capture(runner)
+    kind = kind or _runner_kind(runner)
+    state: dict[str, Any] = {"armed": False}
+    saved: dict[str, Any] = {"kind": kind}
+    if kind == "mrv1":
+        model = runner.model
+        orig_execute = runner.execute_model
+        orig_logits = model.compute_logits
+
+        def execute_model(*args: Any, **kwargs: Any) -> Any:
+            state["armed"] = True
+            try:
+                return orig_execute(*args, **kwargs)
+            finally:
+                state["armed"] = False
+
+        def compute_logits(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if state["armed"]:
+                state["armed"] = False
+                try:
+                    _capture_mrv1(runner, hidden_states, cap, state)
+                except Exception:  # never break generation for the capture
+                    logger.exception("gambit capture failed (MRV1); step skipped")
+            return orig_logits(hidden_states, *args, **kwargs)
+
+        saved["model"] = model
+        saved["had_execute"] = "execute_model" in vars(runner)
+        saved["had_logits"] = "compute_logits" in vars(model)
+        saved["orig_execute"] = orig_execute
+        saved["orig_logits"] = orig_logits
+        runner.execute_model = execute_model
+        model.compute_logits = compute_logits
+    elif kind == "mrv2":
+        orig_sample = runner.sample
+
+        def sample(hidden_states: torch.Tensor, input_batch: Any, *args: Any, **kwargs: Any):
+            try:
+                _capture_mrv2(runner, hidden_states, input_batch, cap, state)
+            except Exception:
+                logger.exception("gambit capture failed (MRV2); step skipped")
+            return orig_sample(hidden_states, input_batch, *args, **kwargs)
+
+        saved["had_sample"] = "sample" in vars(runner)
+        saved["orig_sample"] = orig_sample
+        runner.sample = sample
+    else:
+        raise ValueError(f"unknown runner kind {kind!r}")
+    runner._gambit_saved = saved
+    return kind
+
+
+def uninstall_capture(runner: Any) -> None:
+    """Restore the runner's original methods (no-op when nothing is installed)."""
+    saved = getattr(runner, "_gambit_saved", None)
+    if saved is None:
+        return
+    if saved["kind"] == "mrv1":
+        if saved["had_execute"]:
+            runner.execute_model = saved["orig_execute"]
+        else:
+            del runner.execute_model
+        if saved["had_logits"]:
+            saved["model"].compute_logits = saved["orig_logits"]
+        else:
+            del saved["model"].compute_logits
+    else:
+        if saved["had_sample"]:
+            runner.sample = saved["orig_sample"]
+        else:
+            del runner.sample
+    del runner._gambit_saved
+
+
+def _records_rows() -> bool:
+    """Only TP rank 0 of the last pipeline stage records (all TP ranks hold equal rows)."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        return get_tp_group().rank_in_group == 0 and get_pp_group().is_last_rank
+    except Exception:  # not initialised (tests)
+        return True
+
+
+# --------------------------------------------------------------------------- extension
+
+
+class GambitWorkerExtension:
+    """Mixed into vLLM's worker class; every method is reached via ``collective_rpc``.
+
+    Names carry a ``gambit_`` prefix: vLLM refuses an extension whose attributes collide
+    with the worker's.
+    """
+
+    def gambit_install(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Start capturing with ``spec`` (a :class:`CaptureSpec` as dict). Returns the runner
+        kind, the model's hidden size and whether this worker records rows."""
+        runner = self.model_runner  # type: ignore[attr-defined]
+        records = _records_rows()
+        kind = _runner_kind(runner)
+        old = getattr(self, "_gambit_capture", None)
+        if old is not None:
+            old.close()
+        cap = RowCapture(CaptureSpec.from_dict(spec))
+        if records:
+            kind = install_capture(runner, cap)
+        self._gambit_capture = cap if records else None
+        hidden = int(self.model_config.get_hidden_size())  # type: ignore[attr-defined]
+        return {"kind": kind, "hidden_size": hidden, "records": records}
+
+    def gambit_uninstall(self) -> None:
+        """Stop capturing and restore the runner's methods (plain vLLM again)."""
+        uninstall_capture(self.model_runner)  # type: ignore[attr-defined]
+        cap = getattr(self, "_gambit_capture", None)
+        if cap is not None:
+            cap.close()
+        self._gambit_capture = None
+
+    def gambit_flush(self) -> tuple[int, list[bytes]] | None:
+        """Barrier: see :meth:`RowCapture.flush` (None: not the recording worker)."""
+        cap = getattr(self, "_gambit_capture", None)
+        return None if cap is None else cap.flush()
+
+    def gambit_stats(self) -> dict[str, float] | None:
+        """Counters of the recording worker: steps recorded, rows seen, rows kept, messages
+        sent and seconds spent capturing."""
+        cap = getattr(self, "_gambit_capture", None)
+        if cap is None:
+            return None
+        return {"steps": cap.steps_recorded, "rows_seen": cap.rows_seen,
+                "rows_kept": cap.rows_kept, "messages": cap._seq,
+                "capture_s": cap.seconds}
+
+
+# --------------------------------------------------------------------------- driver side
+
+
+def engine_facts(llm_engine: Any) -> dict[str, int]:
+    """Block size, total KV blocks, context length and hidden size of a started engine
+    (``LLMEngine.vllm_config``: cache_config.num_gpu_blocks is filled in at start-up)."""
+    vcfg = llm_engine.vllm_config
+    return {
+        "block_size": int(vcfg.cache_config.block_size),
+        "total_blocks": int(vcfg.cache_config.num_gpu_blocks or 0),
+        "max_model_len": int(vcfg.model_config.max_model_len),
+        "hidden_size": int(vcfg.model_config.get_hidden_size()),
+    }
+
+
+def shutdown_llm(llm: Any) -> None:
+    """Stop the engine-core process(es) of a ``vllm.LLM`` now rather than at garbage
+    collection (``LLMEngine.engine_core.shutdown()``; ``LLM`` has no public close in 0.32)."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001 - best effort at teardown
+        logger.debug("engine shutdown failed", exc_info=True)
+

@@ -1,0 +1,353 @@
+"""The engine interface Gambit's search is written against (no vLLM import: instant).
+
+Search needs five things from an inference engine: stream tokens per trace, the hidden state
+at every thought boundary, fork a trace from its current prefix cheaply, drop or evict a
+trace, and see memory pressure. :class:`Engine` is that contract; two implementations:
+
+* :class:`gambit_search.vllm_engine.VLLMEngine`: stock vLLM (the real thing).
+* :class:`gambit_search.fake_engine.FakeEngine`: scripted and deterministic, for fast
+  algorithm tests.
+
+A *trace* is one logical reasoning path. Traces of many questions share one engine; each
+has an integer id, a prompt (token ids), a :class:`SamplingSpec`, and the output tokens
+generated so far. Its life::
+
+    add_trace / fork ──> RUNNING ──step()──> FINISHED (stop | length | error)
+                            │  ▲
+                     evict  │  │ revive                 abort (any live state) ──> ABORTED
+                            ▼  │
+                          EVICTED (a ghost: tokens kept, no KV, generates nothing)
+
+Driving loop::
+
+    eng = VLLMEngine(VLLMEngineConfig(model="checkpoints/toy-policy"))
+    t = eng.add_trace(prompt_ids, SamplingSpec(temperature=0.8, max_tokens=256), seed=1)
+    while eng.has_unfinished():
+        out = eng.step()
+        for d in out.deltas:      # new tokens / text / finish reason per trace
+            ...
+        for b in out.boundaries:  # hidden state at a thought boundary (float32 vector)
+            ...
+
+Boundary timing (both implementations): the state *at* a boundary token is computed when
+that token is fed back to the model, so its :class:`BoundaryEvent` comes in the same or a
+later :class:`StepOutput` than the :class:`Delta` carrying the token (usually one or two
+steps later; all of them by the time the engine is idle), never earlier. When a trace stops right after a boundary token (EOS, length, abort
+or evict), that one state may never be computed and no event is emitted for it. Events of a
+trace that already finished may still arrive in a later step; events of an aborted trace
+are dropped.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "BoundaryEvent",
+    "Delta",
+    "Engine",
+    "EngineError",
+    "MemorySnapshot",
+    "SamplingSpec",
+    "StepOutput",
+    "TokenLogprobs",
+    "TraceId",
+    "TraceInfo",
+    "TraceStatus",
+]
+
+TraceId = int
+"""Engine-assigned integer id of a trace (unique for the engine's lifetime)."""
+
+
+class EngineError(RuntimeError):
+    """A misuse of the engine or a bad input, with a one-line message."""
+
+
+class TraceStatus(enum.StrEnum):
+    """Where a trace is in its life (see the module docstring)."""
+
+    RUNNING = "running"
+    """Has a live request in the engine (scheduled or waiting)."""
+    EVICTED = "evicted"
+    """A ghost: tokens kept, no KV, generates nothing until :meth:`Engine.revive`."""
+    FINISHED = "finished"
+    """Stopped by EOS / a stop token ("stop"), its token budget ("length") or an error."""
+    ABORTED = "aborted"
+    """Dropped by :meth:`Engine.abort`; its tokens stay readable."""
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """How a trace samples. Forks copy their parent's spec (see :meth:`Engine.fork`)."""
+
+    temperature: float = 0.6
+    """Softmax temperature; 0 is greedy."""
+    top_p: float = 0.95
+    """Nucleus sampling mass (1.0: off)."""
+    top_k: int = 20
+    """Keep the k most likely tokens (0: off)."""
+    max_tokens: int = 1024
+    """Most output tokens for this trace, counted from its own prompt. The engine also caps a
+    trace at the model's context length."""
+    min_tokens: int = 0
+    """EOS / stop tokens are suppressed before this many output tokens."""
+    logprobs: int | None = None
+    """Return the top-k log-probabilities of every generated token (DeepConf); None: off."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra token ids that end the trace (EOS always does)."""
+    ignore_eos: bool = False
+    """Keep generating past EOS (benchmarks only)."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise EngineError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise EngineError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise EngineError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+        if self.max_tokens < 1:
+            raise EngineError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.logprobs is not None and self.logprobs < 1:
+            raise EngineError(f"logprobs must be None or >= 1, got {self.logprobs}")
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities at one generated position."""
+
+    token_id: int
+    """The sampled token."""
+    logprob: float
+    """Its log-probability."""
+    top_ids: tuple[int, ...]
+    """The k most likely token ids, most likely first."""
+    top_logprobs: tuple[float, ...]
+    """Their log-probabilities (DeepConf's token confidence is ``-mean(top_logprobs)``)."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one step added to one trace. Concatenating a trace's ``token_ids`` over all its
+    deltas gives exactly its final output token ids."""
+
+    trace: TraceId
+    """The trace."""
+    token_ids: tuple[int, ...]
+    """New output token ids (may be empty on the finishing delta of an error)."""
+    text: str
+    """Decoded text of the new tokens (the detokenizer may hold back partial characters)."""
+    finish_reason: str | None = None
+    """None while running; then "stop" (EOS or a stop token), "length" or "error"."""
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+    """One entry per new token when the spec asked for logprobs, else None."""
+    num_cached_tokens: int | None = None
+    """On the first delta of a new request (add, fork, revive): how many prompt tokens came
+    from the prefix cache. None on later deltas."""
+    error: str | None = None
+    """One-line reason when ``finish_reason == "error"``."""
+
+
+@dataclass(frozen=True)
+class BoundaryEvent:
+    """The model's last-layer, post-final-norm hidden state at a thought boundary token."""
+
+    trace: TraceId
+    """The trace."""
+    position: int
+    """Index of the boundary token in the trace's full sequence (prompt + output)."""
+    output_index: int
+    """Index of the boundary token in the trace's output (``position - len(prompt)``)."""
+    token_id: int
+    """The boundary token (its text contains "\\n\\n"; any token in stride mode)."""
+    hidden: np.ndarray = field(repr=False)
+    """float32 vector of the model's hidden size."""
+
+
+@dataclass
+class StepOutput:
+    """Everything one :meth:`Engine.step` produced."""
+
+    deltas: list[Delta] = field(default_factory=list)
+    """At most one per trace, in no particular order."""
+    boundaries: list[BoundaryEvent] = field(default_factory=list)
+    """In increasing position per trace."""
+
+    @property
+    def finished(self) -> list[TraceId]:
+        """Traces that finished in this step."""
+        return [d.trace for d in self.deltas if d.finish_reason is not None]
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """Memory pressure as of the last step (cumulative counters since the engine started)."""
+
+    kv_usage: float
+    """Fraction of KV blocks in use, 0..1."""
+    total_blocks: int
+    """KV blocks the engine has."""
+    free_blocks: int
+    """Blocks not held by any request (cached-but-free blocks count as free)."""
+    block_size: int
+    """Tokens per KV block."""
+    num_running: int
+    """Requests scheduled in the last step."""
+    num_waiting: int
+    """Requests queued (never started, or preempted)."""
+    num_preemptions: int
+    """Preemptions so far."""
+    prefix_cache_queries: int
+    """Prompt tokens looked up in the prefix cache so far."""
+    prefix_cache_hits: int
+    """Of those, tokens found."""
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    """A read-only view of one trace."""
+
+    trace: TraceId
+    """The trace."""
+    status: TraceStatus
+    """Where it is in its life."""
+    prompt_ids: tuple[int, ...]
+    """Its own prompt (for a fork: the parent's prompt + output at the fork)."""
+    output_ids: tuple[int, ...]
+    """Output tokens delivered so far."""
+    spec: SamplingSpec
+    """Its sampling spec."""
+    seed: int
+    """Seed of its current request."""
+    parent: TraceId | None
+    """The trace it was forked from."""
+    incarnation: int
+    """0 at creation, +1 per revive."""
+    finish_reason: str | None
+    """See :attr:`Delta.finish_reason`."""
+    num_cached_tokens: int | None
+    """Prefix-cache hit of the current request, once known."""
+    error: str | None = None
+    """Why it failed, when it did."""
+
+
+class Engine(ABC):
+    """What Gambit's search needs from an inference engine.
+
+    Calls are not thread-safe: drive one engine from one thread. Trace ids are never
+    reused. Methods that take a trace raise :class:`EngineError` for an unknown id or a
+    state the call does not apply to.
+    """
+
+    # -- facts ------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def hidden_size(self) -> int:
+        """Length of every :attr:`BoundaryEvent.hidden`."""
+
+    @property
+    @abstractmethod
+    def block_size(self) -> int:
+        """Tokens per KV block (forks recompute at most this many prompt tokens)."""
+
+    @property
+    @abstractmethod
+    def max_model_len(self) -> int:
+        """Longest sequence (prompt + output) a trace may reach."""
+
+    @property
+    @abstractmethod
+    def captures_hidden(self) -> bool:
+        """Whether boundary hidden states are captured at all."""
+
+    # -- traces -----------------------------------------------------------------------------
+    @abstractmethod
+    def add_trace(
+        self, prompt_ids: Sequence[int], spec: SamplingSpec, seed: int | None = None
+    ) -> TraceId:
+        """Start a trace on ``prompt_ids`` (must be non-empty). ``seed`` fixes its sampling
+        (None: derived from the engine seed and the trace id). A prompt the engine rejects
+        (e.g. longer than the context) fails this trace only: it comes back from the next
+        :meth:`step` as a delta with ``finish_reason="error"``."""
+
+    @abstractmethod
+    def step(self) -> StepOutput:
+        """Run one engine step (when any request is live) and return new deltas and boundary
+        events. Returns an empty output, without blocking, when nothing is live."""
+
+    @abstractmethod
+    def fork(
+        self,
+        parent: TraceId,
+        temperature_multiplier: float = 1.0,
+        seed: int | None = None,
+        max_tokens: int | None = None,
+    ) -> TraceId:
+        """A new trace whose prompt is ``parent``'s prompt + output so far, sampled with the
+        parent's spec at ``temperature * temperature_multiplier`` and a fresh ``seed``. Its
+        ``max_tokens`` defaults to what the parent has left, so the total length from the
+        parent's prompt stays within the parent's budget. The parent must be running or
+        evicted and keeps running; the child reuses the parent's KV blocks through the prefix
+        cache (at most one block is recomputed)."""
+
+    @abstractmethod
+    def abort(self, trace: TraceId) -> None:
+        """Stop ``trace`` and free its KV. No-op on a trace that already finished or was
+        aborted. No further deltas or events come for it."""
+
+    @abstractmethod
+    def evict(self, trace: TraceId) -> None:
+        """Free ``trace``'s KV but keep its tokens (a ghost). Must be running. Tokens the
+        engine generated but :meth:`step` has not delivered yet are lost."""
+
+    @abstractmethod
+    def revive(self, trace: TraceId) -> None:
+        """Re-add an evicted trace: a new request on prompt + output so far, with what is left
+        of its token budget and a new seed. Its first delta reports in
+        ``num_cached_tokens`` how many of those tokens came from the prefix cache."""
+
+    # -- reading ----------------------------------------------------------------------------
+    @abstractmethod
+    def trace_info(self, trace: TraceId) -> TraceInfo:
+        """A snapshot of ``trace``."""
+
+    @abstractmethod
+    def trace_ids(self) -> list[TraceId]:
+        """Every trace ever created, oldest first."""
+
+    @abstractmethod
+    def last_boundary(self, trace: TraceId) -> BoundaryEvent | None:
+        """The latest boundary event emitted for ``trace`` (None before the first). Raises
+        :class:`EngineError` when capture is off or the trace is unknown."""
+
+    @abstractmethod
+    def memory(self) -> MemorySnapshot:
+        """Memory pressure as of the last step."""
+
+    @abstractmethod
+    def has_unfinished(self) -> bool:
+        """Whether any trace is running (or has an undelivered error delta)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the engine (idempotent)."""
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- shared helpers ---------------------------------------------------------------------
+    def run_to_completion(self, max_steps: int | None = None) -> list[StepOutput]:
+        """Step until nothing is live (or ``max_steps``); returns every step's output."""
+        outs: list[StepOutput] = []
+        while self.has_unfinished():
+            if max_steps is not None and len(outs) >= max_steps:
+                break
+            outs.append(self.step())
+        return outs

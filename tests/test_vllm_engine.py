@@ -1,0 +1,635 @@
+"""The vLLM engine adapter: the real engine on the toy policy (slow), its capture internals
+on stand-in runners and its pre-start checks (fast).
+
+Run all:        .venv/bin/python -m pytest -q tests/test_vllm_engine.py
+Only the fast:  .venv/bin/python -m pytest -q tests/test_vllm_engine.py -m 'not slow'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from gambit_search import _vllm_internals as vi
+from gambit_search.engine import EngineError, SamplingSpec, TraceStatus
+from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig, _closed_after
+
+TOY_POLICY = Path(__file__).resolve().parents[1] / "checkpoints" / "toy-policy"
+
+BOUNDARY = 4  # the toy tokenizer's "\n\n"
+
+
+# =========================================================================== helpers
+
+
+def toy_prompts(tokenizer, n: int, split: str = "test") -> list[list[int]]:
+    from data_pipelines.prompts import build_prompt_ids
+    from data_pipelines.toy.task import draw_questions
+
+    return [build_prompt_ids(q.text, tokenizer) for q in draw_questions(split, n)]
+
+
+def run(engine, max_steps: int = 5000):
+    """Step until idle; returns (tokens incl. those delivered before, texts, events, first
+    deltas) per trace."""
+    tokens = {t: list(engine.trace_info(t).output_ids) for t in engine.trace_ids()}
+    texts: dict[int, str] = {}
+    events: dict[int, list] = {}
+    first: dict[int, object] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            break
+        out = engine.step()
+        for d in out.deltas:
+            tokens.setdefault(d.trace, []).extend(d.token_ids)
+            texts[d.trace] = texts.get(d.trace, "") + d.text
+            first.setdefault(d.trace, d)
+        for e in out.boundaries:
+            assert e.output_index < len(tokens.get(e.trace, [])), "event before its token"
+            events.setdefault(e.trace, []).append(e)
+    engine.step()  # late rows, if any
+    return tokens, texts, events, first
+
+
+def hf_states(model, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(last_hidden_state [n, d], logits [n, V]) of transformers on ``ids``."""
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    return out.hidden_states[-1][0].numpy(), out.logits[0].numpy()
+
+
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-12))
+
+
+# =========================================================================== fast: pre-start
+
+
+def test_missing_model_path_is_a_one_line_error_before_start(tmp_path):
+    with pytest.raises(EngineError, match="does not exist") as e:
+        VLLMEngine(VLLMEngineConfig(model=str(tmp_path / "nope")))
+    assert "\n" not in str(e.value)
+    with pytest.raises(EngineError, match="does not exist"):
+        VLLMEngine(VLLMEngineConfig(model="checkpoints/no-such-model"))
+    with pytest.raises(EngineError, match="no config.json"):
+        VLLMEngine(VLLMEngineConfig(model=str(tmp_path)))
+
+
+def test_tokenizer_without_boundary_token_needs_stride(tmp_path):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", "\n", "a", "b"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                            pad_token="<pad>", unk_token="<unk>").save_pretrained(tmp_path)
+    with pytest.raises(EngineError, match=r"no token containing '\\n\\n'; pass stride=N") as e:
+        VLLMEngine(VLLMEngineConfig(model=str(TOY_POLICY), tokenizer=str(tmp_path)))
+    assert "\n" not in str(e.value)
+    with pytest.raises(EngineError, match="stride must be >= 1"):
+        VLLMEngine(VLLMEngineConfig(model=str(TOY_POLICY), stride=0))
+
+
+def test_hidden_states_of_a_scorer_free_run_or_unknown_trace_are_clear_errors(monkeypatch):
+    monkeypatch.setattr(VLLMEngine, "_start", lambda self: None)  # no vLLM
+    off = VLLMEngine(VLLMEngineConfig(model=str(TOY_POLICY), capture_hidden=False))
+    with pytest.raises(EngineError, match="capture_hidden=False"):
+        off.last_boundary(0)
+    on = VLLMEngine(VLLMEngineConfig(model=str(TOY_POLICY)))
+    with pytest.raises(EngineError, match="unknown trace 7"):
+        on.last_boundary(7)
+    assert on.boundary_ids == {BOUNDARY}
+
+
+def test_request_ids_and_reasoning_state():
+    rid = vi.make_request_id(12, 3, 40, closed=False)
+    assert vi.parse_request_id(rid + "-ab12cd34") == (rid, 12, 40, False)
+    assert vi.parse_request_id(rid) == (rid, 12, 40, False)
+    assert vi.parse_request_id("chat-1-ab12cd34") is None
+    assert vi.vllm_version_supported("0.32.0") and vi.vllm_version_supported("0.33.1")
+    assert not vi.vllm_version_supported("0.34.0")
+    S, E = 90, 91
+    assert not _closed_after([1, 2, S, 5], S, E)
+    assert _closed_after([1, S, 5, E, 6], S, E)
+    assert not _closed_after([1, S, 5, E, 6, S, 7], S, E)  # re-opened
+    assert _closed_after([1, 5, E], None, E)
+    assert not _closed_after([1, 5, E], S, None)
+
+
+# =========================================================================== fast: driver logic
+
+THINK_VOCAB = ["<pad>", "<bos>", "<eos>", "<unk>", "\n\n", "<think>", "</think>", "a", "b"]
+NL, TS, TE, A = 4, 5, 6, 7
+
+
+def _think_tokenizer(path):
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(THINK_VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"\n\n|</?think>|[\s\S]"),
+                                             behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
+                            pad_token="<pad>", unk_token="<unk>").save_pretrained(path)
+    return str(path)
+
+
+class StubLLMEngine:
+    """Plays vLLM's LLMEngine for VLLMEngine's driver logic: one token per request per step
+    from a script, and a real RowCapture fed the rows a model runner would produce (the row
+    at position p is ``[p, token at p, ...]``)."""
+
+    def __init__(self, script, spec: dict, d: int = 4):
+        self.script, self.d = script, d
+        self.cap = vi.RowCapture(vi.CaptureSpec.from_dict(spec))
+        self.reqs: dict[str, dict] = {}
+
+    def add_request(self, req_id, prompt, params):
+        self.reqs[req_id] = {"seq": list(prompt["prompt_token_ids"]), "n": 0,
+                             "max": params.max_tokens, "first": True}
+
+    def abort_request(self, ids):
+        for r in ids:
+            self.reqs.pop(r, None)
+
+    def has_unfinished_requests(self):
+        return bool(self.reqs)
+
+    def step(self):
+        outs = []
+        for rid, r in list(self.reqs.items()):
+            seq = r["seq"]
+            p = len(seq) - 1
+            self.cap.record([rid + "-abcdefgh"], torch.tensor([[p, seq[p]] + [0] * (self.d - 2)],
+                                                              dtype=torch.float32),
+                            torch.tensor([p]), torch.tensor([seq[p]]))
+            tok = self.script(seq)
+            seq.append(tok)
+            r["n"] += 1
+            done = tok == 2 or r["n"] >= r["max"]
+            comp = SimpleNamespace(token_ids=[tok], text=THINK_VOCAB[tok], logprobs=None,
+                                   finish_reason=("stop" if tok == 2 else "length") if done
+                                   else None)
+            outs.append(SimpleNamespace(request_id=rid, outputs=[comp], finished=done,
+                                        num_cached_tokens=0 if r["first"] else None))
+            r["first"] = False
+            if done:
+                del self.reqs[rid]
+        return outs
+
+    def collective_rpc(self, name, args=()):
+        assert name == "gambit_flush"
+        return [self.cap.flush()]
+
+
+def _stub_engine(monkeypatch, tmp_path, script, worker_think=True):
+    def start(self):
+        self._open_sink()
+        spec = self._capture_spec()
+        if not worker_think:  # the driver-side filter alone
+            spec = {**spec, "think_start": None, "think_end": None}
+        self._engine = StubLLMEngine(script, spec)
+        self._block_size, self._total_blocks, self._max_model_len = 4, 100, 64
+        self._hidden_size = 4
+
+    monkeypatch.setattr(VLLMEngine, "_start", start)
+    return VLLMEngine(VLLMEngineConfig(model=str(TOY_POLICY),
+                                       tokenizer=_think_tokenizer(tmp_path)))
+
+
+def _collect(eng):
+    evs = []
+    while eng.has_unfinished():
+        evs += eng.step().boundaries
+    eng.step()
+    return evs
+
+
+@pytest.mark.parametrize("worker_think", [True, False])
+def test_driver_keeps_boundaries_inside_the_reasoning_only(monkeypatch, tmp_path,
+                                                           worker_think):
+    pytest.importorskip("vllm")
+    out = [A, NL, A, NL, A, TE, A, NL, A, NL, 2]
+
+    def script(seq):
+        k = len(seq) - 3
+        return out[k]
+
+    eng = _stub_engine(monkeypatch, tmp_path, script, worker_think)
+    assert eng.boundary_ids == {NL}
+    t = eng.add_trace([1, TS, A], SamplingSpec(max_tokens=20))
+    evs = _collect(eng)
+    assert [e.output_index for e in evs] == [1, 3]
+    for e in evs:  # the row of the state at position p is [p, token, ...]
+        assert e.hidden[0] == e.position and e.hidden[1] == NL
+    assert eng.trace_info(t).output_ids == tuple(out)
+    # a fork whose prompt already closed the reasoning captures nothing
+    eng2 = _stub_engine(monkeypatch, tmp_path, lambda seq: NL if len(seq) < 12 else 2,
+                        worker_think)
+    c = eng2.add_trace([1, TS, A, TE, A], SamplingSpec(max_tokens=20))
+    assert _collect(eng2) == [] and eng2.trace_info(c).finish_reason == "stop"
+
+
+def test_driver_evict_revive_drops_rows_of_undelivered_tokens(monkeypatch, tmp_path):
+    pytest.importorskip("vllm")
+    eng = _stub_engine(monkeypatch, tmp_path, lambda seq: NL if len(seq) % 2 else A)
+    t = eng.add_trace([1, A, A], SamplingSpec(max_tokens=12))
+    evs = []
+    for _ in range(4):
+        evs += eng.step().boundaries
+    kept = eng.trace_info(t).output_ids
+    eng.evict(t)
+    eng.revive(t)
+    evs += _collect(eng)
+    info = eng.trace_info(t)
+    assert info.output_ids[: len(kept)] == kept and len(info.output_ids) == 12
+    idx = [e.output_index for e in evs]
+    assert idx == sorted(set(idx))  # no duplicates, in order
+    expect = [j for j, x in enumerate(info.output_ids[:-1]) if x == NL]
+    assert idx == expect  # every fed boundary once, including the one fed by the revive
+    seq = info.prompt_ids + info.output_ids
+    for e in evs:
+        assert seq[e.position] == NL and e.hidden[0] == e.position
+
+
+# =========================================================================== fast: capture core
+
+
+def _ids(n, plen=10, closed=False):
+    return [vi.make_request_id(i, 0, plen, closed) + "-xxxxxxxx" for i in range(n)]
+
+
+def test_row_capture_keeps_only_output_boundary_rows_of_gambit_requests():
+    cap = vi.RowCapture(vi.CaptureSpec(boundary_ids=[4]))
+    ids = _ids(2) + ["other-req-12345678"]
+    d = 8
+    # step 1: prompt rows (position 9 = last prompt token, which is a boundary: not output)
+    cap.record(ids, torch.randn(3, d), torch.tensor([9, 9, 9]), torch.tensor([4, 4, 4]))
+    # step 2: outputs 0 fed: request 0 boundary, request 1 plain, foreign boundary
+    rows2 = torch.randn(3, d)
+    cap.record(ids, rows2, torch.tensor([10, 10, 10]), torch.tensor([4, 7, 4]))
+    got_ids, pos, tok, rows = vi.decode_rows(cap.drain())
+    assert got_ids == [ids[0][:-9]] and pos.tolist() == [10] and tok.tolist() == [4]
+    np.testing.assert_array_equal(rows[0], rows2[0].numpy())
+    assert rows.dtype == np.float32
+    assert cap.drain() is None
+
+
+def test_row_capture_stride_reasoning_end_and_overflow():
+    spec = vi.CaptureSpec(boundary_ids=[4], stride=3, think_start=90, think_end=91,
+                          max_pending_steps=2)
+    cap = vi.RowCapture(spec)
+    ids = _ids(1, plen=5) + _ids(1, plen=5, closed=True)
+    ids[1] = ids[1].replace("gambit-0", "gambit-1")
+    seq = [7, 4, 7, 91, 4, 7, 7]  # output tokens fed in order (positions 5..11)
+    for k, t in enumerate(seq):
+        cap.record(ids, torch.full((2, 4), float(k)), torch.tensor([5 + k, 5 + k]),
+                   torch.tensor([t, t]))
+    got_ids, pos, tok, _ = vi.decode_rows(cap.drain())
+    open_rows = [p for i, p in zip(got_ids, pos.tolist(), strict=True) if i.startswith(
+        "gambit-0")]
+    # boundary at output 1; stride hit at output 2; </think> at output 3 closes capture
+    assert open_rows == [6, 7]
+    assert not [i for i in got_ids if i.startswith("gambit-1")]  # closed from the start
+
+
+def test_row_capture_pushes_ordered_messages_and_flush_is_a_barrier(tmp_path):
+    import zmq
+
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    addr = f"ipc://{tmp_path}/rows"
+    pull.bind(addr)
+    cap = vi.RowCapture(vi.CaptureSpec(boundary_ids=[4], sink=addr))
+    ids = _ids(3, plen=2)
+    for k in range(5):
+        cap.record(ids, torch.full((3, 4), float(k)), torch.tensor([2 + k] * 3),
+                   torch.tensor([4, 7, 4]))
+    last, unsent = cap.flush()
+    assert last == 5 and unsent == []
+    seqs = []
+    while pull.poll(2000):
+        seq, got, pos, _, rows = vi.decode_message(pull.recv())
+        seqs.append(seq)
+        assert [g[:8] for g in got] == ["gambit-0", "gambit-2"]
+        assert rows[0, 0] == seq - 1 and pos.tolist() == [seq + 1] * 2
+        if seq == last:
+            break
+    assert seqs == [1, 2, 3, 4, 5]
+    cap.close()
+    pull.close(linger=0)
+    ctx.term()
+
+
+class _StandInMRV2:
+    """The slice of vllm.v1.worker.gpu.model_runner.GPUModelRunner the capture relies on."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def sample(self, hidden_states, input_batch, grammar_output):
+        self.calls += 1
+        return "sampled", hidden_states[input_batch.logits_indices].sum().item()
+
+
+def test_mrv2_capture_on_a_stand_in_runner():
+    runner = _StandInMRV2()
+    cap = vi.RowCapture(vi.CaptureSpec(boundary_ids=[4]))
+    assert vi.install_capture(runner, cap, kind="mrv2") == "mrv2"
+    ids = _ids(2, plen=3)
+    d = 6
+    # a prefill step (request 0: 3 tokens, request 1: 3 tokens) then two decode steps
+    hs = torch.randn(6, d)
+    batch = SimpleNamespace(req_ids=ids, num_reqs=2, num_draft_tokens=0,
+                            logits_indices=torch.tensor([2, 5]),
+                            positions=torch.tensor([0, 1, 2, 0, 1, 2]),
+                            input_ids=torch.tensor([1, 9, 9, 1, 9, 9]))
+    assert runner.sample(hs, batch, None)[0] == "sampled"
+    outs = [[4, 7], [7, 4]]  # output tokens fed at positions 3 and 4
+    kept = []
+    for k, toks in enumerate(outs):
+        hs = torch.randn(2, d)
+        batch = SimpleNamespace(req_ids=ids, num_reqs=2, num_draft_tokens=0,
+                                logits_indices=torch.tensor([0, 1]),
+                                positions=torch.tensor([3 + k, 3 + k]),
+                                input_ids=torch.tensor(toks))
+        runner.sample(hs, batch, None)
+        kept.append(hs)
+    # a speculative step is skipped, not mis-assigned
+    runner.sample(torch.randn(4, d), SimpleNamespace(
+        req_ids=ids, num_reqs=2, num_draft_tokens=2, logits_indices=torch.arange(4),
+        positions=torch.arange(4), input_ids=torch.full((4,), 4)), None)
+    got_ids, pos, tok, rows = vi.decode_rows(cap.drain())
+    assert [(i[:8], p) for i, p in zip(got_ids, pos.tolist(), strict=True)] == [
+        ("gambit-0", 3), ("gambit-1", 4)]
+    np.testing.assert_array_equal(rows[0], kept[0][0].numpy())
+    np.testing.assert_array_equal(rows[1], kept[1][1].numpy())
+    assert runner.calls == 4
+    vi.uninstall_capture(runner)
+    assert "sample" not in vars(runner) and runner.sample(hs, batch, None)
+
+
+class _StandInMRV1:
+    """The slice of vllm.v1.worker.gpu_model_runner.GPUModelRunner the capture relies on."""
+
+    def __init__(self, n_tokens=16, d=5):
+        self.d = d
+        self.model = SimpleNamespace(compute_logits=lambda h: h @ torch.ones(d, 3))
+        self.input_batch = SimpleNamespace(req_ids=[], num_reqs=0)
+        self.query_start_loc = SimpleNamespace(gpu=torch.zeros(9, dtype=torch.int32))
+        self.positions = torch.zeros(n_tokens, dtype=torch.int64)
+        self.input_ids = SimpleNamespace(gpu=torch.zeros(n_tokens, dtype=torch.int32))
+
+    def execute_model(self, req_ids, n_sched, pos0, toks, hidden):
+        n = len(req_ids)
+        self.input_batch.req_ids, self.input_batch.num_reqs = req_ids, n
+        qsl = np.concatenate([[0], np.cumsum(n_sched)])
+        self.query_start_loc.gpu[: n + 1] = torch.tensor(qsl)
+        flat_pos = np.concatenate([np.arange(p, p + s) for p, s in zip(pos0, n_sched,
+                                                                       strict=True)])
+        self.positions[: len(flat_pos)] = torch.tensor(flat_pos)
+        self.input_ids.gpu[: len(toks)] = torch.tensor(toks)
+        return self.model.compute_logits(hidden[torch.tensor(qsl[1:] - 1)])
+
+
+def test_mrv1_capture_on_a_stand_in_runner():
+    runner = _StandInMRV1()
+    cap = vi.RowCapture(vi.CaptureSpec(boundary_ids=[4]))
+    assert vi.install_capture(runner, cap, kind="mrv1") == "mrv1"
+    ids = _ids(2, plen=3)
+    # request 0 decodes output 0 (a boundary, position 3); request 1 prefills 3 tokens
+    hidden = torch.randn(4, runner.d)
+    runner.execute_model(ids, [1, 3], [3, 0], [4, 1, 9, 4], hidden)
+    runner.model.compute_logits(torch.randn(2, runner.d))  # an unarmed call: ignored
+    got_ids, pos, tok, rows = vi.decode_rows(cap.drain())
+    assert [i[:8] for i in got_ids] == ["gambit-0"] and pos.tolist() == [3]
+    np.testing.assert_array_equal(rows[0], hidden[0].numpy())
+    vi.uninstall_capture(runner)
+    assert "execute_model" not in vars(runner)
+
+
+def test_runner_contracts_match_the_installed_vllm():
+    """What the hooks read exists, under these names, in the installed vLLM (MRV2 cannot run
+    on a CPU build: this pins its source-level contract)."""
+    pytest.importorskip("vllm")
+    import vllm.v1.worker.gpu_model_runner as mrv1
+    from vllm.v1.worker.gpu.input_batch import InputBatch
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as MRV2
+
+    assert list(inspect.signature(MRV2.sample).parameters) == [
+        "self", "hidden_states", "input_batch", "grammar_output"]
+    fields = {f.name for f in dataclasses.fields(InputBatch)}
+    assert {"req_ids", "num_reqs", "logits_indices", "positions", "input_ids",
+            "num_draft_tokens"} <= fields
+    assert "self.sample(" in inspect.getsource(MRV2.sample_tokens)
+    src = inspect.getsource(mrv1.GPUModelRunner)
+    for needle in ("self.input_ids = self._make_buffer", "self.positions = torch.zeros",
+                   "self.query_start_loc = self._make_buffer",
+                   "logits_indices = query_start_loc[1:] - 1",
+                   "logits = self.model.compute_logits(sample_hidden_states)"):
+        assert needle in src, needle
+    assert vi._runner_kind(object.__new__(mrv1.GPUModelRunner)) == "mrv1"
+    assert vi._runner_kind(object.__new__(MRV2)) == "mrv2"
+
+
+# =========================================================================== slow: real engine
+
+
+@pytest.mark.slow
+def test_boundary_states_equal_transformers_last_hidden_state(engine, toy_hf_model,
+                                                             toy_tokenizer):
+    assert engine.runner_kind == "mrv1" and engine.hidden_size == 128
+    prompts = toy_prompts(toy_tokenizer, 6)
+    ids = [engine.add_trace(p, SamplingSpec(temperature=1.0, max_tokens=300), seed=k)
+           for k, p in enumerate(prompts)]
+    tokens, _, events, _ = run(engine)
+    n_checked = 0
+    for t in ids:
+        info = engine.trace_info(t)
+        assert info.finish_reason == "stop"
+        seq = list(info.prompt_ids) + list(info.output_ids)
+        hs, _ = hf_states(toy_hf_model, seq)
+        ev = events[t]
+        # every "\n\n" of the output gets an event (none is the last token here)
+        assert [e.output_index for e in ev] == [j for j, x in enumerate(info.output_ids)
+                                               if x == BOUNDARY]
+        for e in ev:
+            assert e.position == len(info.prompt_ids) + e.output_index
+            assert e.hidden.dtype == np.float32 and e.hidden.shape == (128,)
+            assert rel_err(e.hidden, hs[e.position]) <= 1e-3
+            n_checked += 1
+        assert engine.last_boundary(t).output_index == ev[-1].output_index
+    assert n_checked >= 30
+
+
+@pytest.mark.slow
+def test_fork_reuses_the_prefix_and_continues_from_it(engine, toy_hf_model, toy_tokenizer):
+    p = engine.add_trace(toy_prompts(toy_tokenizer, 1)[0],
+                         SamplingSpec(temperature=1.0, top_k=20, max_tokens=300), seed=3)
+    while len(engine.trace_info(p).output_ids) < 45:
+        engine.step()
+    parent = engine.trace_info(p)
+    prefix = list(parent.prompt_ids) + list(parent.output_ids)
+    greedy = engine.fork(p, temperature_multiplier=0.0, seed=1)
+    sampled = engine.fork(p, temperature_multiplier=1.0, seed=2)
+    tokens, _, events, first = run(engine)
+    bs = engine.block_size
+    for c in (greedy, sampled):
+        info = engine.trace_info(c)
+        assert info.prompt_ids == tuple(prefix) and info.parent == p
+        cached = first[c].num_cached_tokens
+        assert len(prefix) - bs <= cached < len(prefix)  # at most one block recomputed
+        assert info.finish_reason == "stop" and tokens[c] == list(info.output_ids)
+        seq = prefix + list(info.output_ids)
+        hs, logits = hf_states(toy_hf_model, seq)
+        rows = logits[len(prefix) - 1 : len(seq) - 1]
+        chosen = rows[np.arange(len(info.output_ids)), list(info.output_ids)]
+        if c == greedy:  # temperature 0: every token is transformers' argmax
+            assert np.all(chosen >= rows.max(axis=1) - 1e-4)
+        else:  # top_k=20: every token lies in transformers' top 20
+            kth = np.sort(rows, axis=1)[:, -20]
+            assert np.all(chosen >= kth - 1e-4)
+        for e in events.get(c, []):
+            assert rel_err(e.hidden, hs[e.position]) <= 1e-3
+
+
+@pytest.mark.slow
+def test_abort_frees_kv(engine, toy_tokenizer):
+    spec = SamplingSpec(temperature=1.0, max_tokens=400, ignore_eos=True)
+    ts = [engine.add_trace(p, spec, seed=k) for k, p in enumerate(toy_prompts(toy_tokenizer,
+                                                                              9))]
+    for _ in range(60):
+        engine.step()
+    busy = engine.memory()
+    assert busy.num_running == 9 and busy.kv_usage > 0
+    for t in ts[1:]:
+        engine.abort(t)
+    n_before = {t: len(engine.trace_info(t).output_ids) for t in ts}
+    for _ in range(3):
+        out = engine.step()
+        assert {d.trace for d in out.deltas} <= {ts[0]}
+    after = engine.memory()
+    assert after.num_running == 1
+    used_busy = busy.total_blocks - busy.free_blocks
+    used_after = after.total_blocks - after.free_blocks
+    assert used_after <= used_busy / 9 + 2
+    for t in ts[1:]:
+        info = engine.trace_info(t)
+        assert info.status is TraceStatus.ABORTED and len(info.output_ids) == n_before[t]
+
+
+@pytest.mark.slow
+def test_evict_then_revive_continues_the_same_trace(engine, toy_tokenizer):
+    prompt = toy_prompts(toy_tokenizer, 1)[0]
+    spec = SamplingSpec(temperature=0.0, max_tokens=300)
+    events: dict[int, list] = {}
+
+    def step():
+        for e in engine.step().boundaries:
+            events.setdefault(e.trace, []).append(e)
+
+    ref = engine.add_trace(prompt, spec)  # the same greedy trace, never evicted
+    t = engine.add_trace(prompt, spec)
+    for _ in range(50):
+        step()
+    kept = engine.trace_info(t).output_ids
+    engine.evict(t)
+    assert engine.trace_info(t).status is TraceStatus.EVICTED
+    with pytest.raises(EngineError, match="cannot evict"):
+        engine.evict(t)
+    step()
+    assert engine.trace_info(t).output_ids == kept  # a ghost keeps its tokens
+    engine.revive(t)
+    while engine.has_unfinished():
+        step()
+    step()
+    info, rinfo = engine.trace_info(t), engine.trace_info(ref)
+    assert info.incarnation == 1 and info.output_ids[: len(kept)] == kept
+    # greedy: the revived trace ends exactly where the uninterrupted one did
+    assert info.output_ids == rinfo.output_ids and info.finish_reason == "stop"
+    assert info.num_cached_tokens >= len(prompt) + len(kept) - engine.block_size
+    # and has the same boundary states (the one at the eviction point is recomputed)
+    assert [e.output_index for e in events[t]] == [e.output_index for e in events[ref]]
+    for a, b in zip(events[t], events[ref], strict=True):
+        assert rel_err(a.hidden, b.hidden) <= 1e-3
+
+
+@pytest.mark.slow
+def test_256_concurrent_traces_complete_and_deltas_reassemble(engine, toy_tokenizer):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = toy_prompts(toy_tokenizer, 64)
+    spec = SamplingSpec(temperature=1.0, top_p=1.0, top_k=0, max_tokens=96)
+    jobs = [(p, 1000 + 4 * q + r) for q, p in enumerate(prompts) for r in range(4)]
+    ids = [engine.add_trace(p, spec, seed=s) for p, s in jobs]
+    peak = 0
+    tokens: dict[int, list[int]] = {}
+    texts: dict[int, str] = {}
+    n_events = 0
+    while engine.has_unfinished():
+        out = engine.step()
+        for d in out.deltas:
+            tokens.setdefault(d.trace, []).extend(d.token_ids)
+            texts[d.trace] = texts.get(d.trace, "") + d.text
+        n_events += len(out.boundaries)
+        peak = max(peak, engine.memory().num_running)
+    assert peak == 256
+    assert n_events > 256 * 5
+    for t in ids:
+        info = engine.trace_info(t)
+        assert info.finish_reason in ("stop", "length")
+        assert tokens[t] == list(info.output_ids)
+        assert texts[t] == toy_tokenizer.decode(tokens[t], skip_special_tokens=True)
+    # the same requests through plain vLLM give the same token ids
+    plain = engine.llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p, _ in jobs],
+        [SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=96, seed=s)
+         for _, s in jobs], use_tqdm=False)
+    same = sum(list(o.outputs[0].token_ids) == tokens[t] for o, t in zip(plain, ids,
+                                                                        strict=True))
+    assert same == 256
+
+
+@pytest.mark.slow
+def test_overlong_prompt_fails_only_that_trace_and_logprobs(engine, toy_tokenizer,
+                                                           toy_hf_model):
+    good = engine.add_trace(toy_prompts(toy_tokenizer, 1)[0],
+                            SamplingSpec(temperature=1.0, max_tokens=40, logprobs=5), seed=9)
+    bad = engine.add_trace([1] + [20] * 600, SamplingSpec(max_tokens=10))
+    edge = engine.add_trace([1] + [20] * (engine.max_model_len - 1), SamplingSpec())
+    out = engine.step()
+    errs = {d.trace: d for d in out.deltas if d.finish_reason == "error"}
+    assert set(errs) == {bad, edge}
+    assert "\n" not in errs[bad].error and "512" in errs[bad].error
+    lps = []
+    while engine.has_unfinished():
+        out = engine.step()
+        lps += [lp for d in out.deltas if d.trace == good for lp in d.logprobs]
+    info = engine.trace_info(good)
+    assert info.finish_reason == "length" and len(lps) == len(info.output_ids) == 40
+    assert engine.trace_info(bad).status is TraceStatus.FINISHED
+    # top-5 log-probabilities = transformers' log-softmax of the raw logits
+    seq = list(info.prompt_ids) + list(info.output_ids)
+    _, logits = hf_states(toy_hf_model, seq)
+    logp = torch.log_softmax(torch.tensor(logits), -1).numpy()
+    for j, lp in enumerate(lps):
+        row = logp[len(info.prompt_ids) - 1 + j]
+        assert lp.token_id == info.output_ids[j] and len(lp.top_logprobs) == 5
+        assert list(lp.top_logprobs) == sorted(lp.top_logprobs, reverse=True)
+        np.testing.assert_allclose(lp.top_logprobs, np.sort(row)[::-1][:5], atol=1e-3)
+        assert abs(lp.logprob - row[lp.token_id]) <= 1e-3
+    with pytest.raises(EngineError, match="unknown trace 123456"):
+        engine.last_boundary(123456)
+    with pytest.raises(EngineError, match="cannot fork"):
+        engine.fork(bad)
