@@ -4,12 +4,17 @@ the cost of a fork.
 One engine, one run: for each concurrency C the same C prompts (C/2 toy questions x 2 seeds,
 all added at once, ``max_num_seqs`` >= C) are generated alternately
 
-* ``plain``:   ``LLM.generate`` on the same ``vllm.LLM`` with Gambit's worker hooks removed;
+* ``plain``:   ``LLM.generate`` on the same ``vllm.LLM`` with Gambit's worker hooks removed
+  (vLLM builds outputs only at the end: ``FINAL_ONLY``);
+* ``stream``:  the same, driven step by step through ``llm_engine`` with ``DELTA`` outputs
+  (what any per-token consumer pays; no Gambit code);
 * ``adapter``: :class:`~gambit_search.vllm_engine.VLLMEngine` stepping with boundary capture
-  (hooks installed, rows drained every step, deltas and boundary events built),
+  (hooks installed, boundary rows pushed, deltas and boundary events built),
 
-``--reps`` times each (ABAB...); with identical seeds both produce the same tokens. Reported:
-tokens/s of each (median over reps) and their ratio (goal >= 0.97). Then forks: C traces run,
+``--reps`` times each, rotating the order; with identical seeds all produce the same tokens.
+Reported: tokens/s of each (median over reps) and the ratios (goal >= 0.97), plus the CPU
+time the adapter's own code took (driver + worker, per token) over plain vLLM's CPU per
+token. Then forks: C traces run,
 and every few steps running traces are forked; per fork the prompt tokens recomputed
 (prompt len - ``num_cached_tokens``), the ``fork()`` call time and the time to the child's
 first token.
@@ -54,6 +59,26 @@ def run_plain(eng, jobs, max_tokens: int) -> tuple[int, float]:
     return sum(len(o.outputs[0].token_ids) for o in outs), dt
 
 
+def run_stream(eng, jobs, max_tokens: int) -> tuple[int, float]:
+    """Plain vLLM streaming: ``llm_engine.add_request`` / ``step()`` with DELTA outputs (what
+    the adapter drives), no Gambit code."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    llm_engine = eng.llm.llm_engine
+    t0 = time.perf_counter()
+    for k, (p, s) in enumerate(jobs):
+        llm_engine.add_request(f"stream-{k}", TokensPrompt(prompt_token_ids=p), SamplingParams(
+            temperature=1.0, top_p=1.0, top_k=0, max_tokens=max_tokens, seed=s,
+            output_kind=RequestOutputKind.DELTA))
+    n = 0
+    while llm_engine.has_unfinished_requests():
+        for ro in llm_engine.step():
+            n += len(ro.outputs[0].token_ids)
+    return n, time.perf_counter() - t0
+
+
 def run_adapter(eng, jobs, max_tokens: int) -> tuple[int, float, int]:
     from gambit_search.engine import SamplingSpec
 
@@ -87,17 +112,19 @@ def _cpu_seconds() -> dict[int, float]:
 
 def bench_throughput(eng, conc: int, reps: int, max_tokens: int) -> dict:
     jobs = _prompts(eng.tokenizer, conc)
-    rows = {"plain": [], "adapter": []}
+    rows = {"plain": [], "stream": [], "adapter": []}
     events = 0
     for r in range(reps):
-        order = ("plain", "adapter") if r % 2 == 0 else ("adapter", "plain")
-        for mode in order:
-            if mode == "plain":
+        modes = ("plain", "stream", "adapter")
+        for mode in modes[r % 3:] + modes[: r % 3]:
+            if mode != "adapter":
                 eng.set_capture(False)
             c0 = _cpu_seconds()
             tm0, cs0 = dict(eng.timing), eng.capture_stats()
             if mode == "plain":
                 n, dt = run_plain(eng, jobs, max_tokens)
+            elif mode == "stream":
+                n, dt = run_stream(eng, jobs, max_tokens)
             else:
                 n, dt, events = run_adapter(eng, jobs, max_tokens)
             c1 = _cpu_seconds()
@@ -108,15 +135,20 @@ def bench_throughput(eng, conc: int, reps: int, max_tokens: int) -> dict:
                     "steps": tm1["steps"] - tm0["steps"],
                     "driver_adapter_s": (tm1["step_s"] - tm0["step_s"])
                     - (tm1["vllm_step_s"] - tm0["vllm_step_s"]),
+                    "driver_adapter_cpu_s": (tm1["step_cpu_s"] - tm0["step_cpu_s"])
+                    - (tm1["vllm_step_cpu_s"] - tm0["vllm_step_cpu_s"]),
                     "worker_capture_s": cs1["capture_s"] - cs0["capture_s"],
+                    "worker_capture_cpu_s": cs1["capture_cpu_s"] - cs0["capture_cpu_s"],
                 }
-            if mode == "plain":
+            if mode != "adapter":
                 eng.set_capture(True)
             cpu = sum(c1[k] - c0[k] for k in c0 if k in c1)
             rows[mode].append({"tokens": n, "seconds": dt, "tok_s": n / dt, "cpu_s": cpu,
                                "tok_per_cpu_s": n / cpu, **extra})
-            more = (f" | adapter code {extra['driver_adapter_s']:.2f} s driver, "
-                    f"{extra['worker_capture_s']:.2f} s worker" if extra else "")
+            more = (f" | adapter code: driver {extra['driver_adapter_s']:.2f} s "
+                    f"({extra['driver_adapter_cpu_s']:.2f} cpu), worker "
+                    f"{extra['worker_capture_s']:.2f} s ({extra['worker_capture_cpu_s']:.2f} "
+                    f"cpu)" if extra else "")
             print(f"  C={conc} rep {r} {mode:8s} {n} tokens {dt:7.2f} s {n / dt:9.1f} tok/s "
                   f"cpu {cpu:6.1f} s {n / cpu:8.1f} tok/cpu-s  load {os.getloadavg()[0]:.1f}"
                   f"{more}", flush=True)
@@ -124,11 +156,20 @@ def bench_throughput(eng, conc: int, reps: int, max_tokens: int) -> dict:
     med_cpu = {m: statistics.median(x["tok_per_cpu_s"] for x in v) for m, v in rows.items()}
     paired = [a["tok_s"] / p["tok_s"] for a, p in zip(rows["adapter"], rows["plain"],
                                                       strict=True)]
+    paired_stream = [a["tok_s"] / p["tok_s"] for a, p in zip(rows["adapter"], rows["stream"],
+                                                             strict=True)]
     own = [(a["driver_adapter_s"] + a["worker_capture_s"]) / a["seconds"]
            for a in rows["adapter"]]
+    # CPU the adapter's own code costs per token, over the CPU plain vLLM needs per token
+    plain_cpu_per_tok = statistics.median(p["cpu_s"] / p["tokens"] for p in rows["plain"])
+    own_cpu = [(a["driver_adapter_cpu_s"] + a["worker_capture_cpu_s"]) / a["tokens"]
+               / plain_cpu_per_tok for a in rows["adapter"]]
     return {"concurrency": conc, "runs": rows, "median_tok_s": med,
             "adapter_code_share_of_wall": statistics.median(own),
+            "adapter_cpu_over_plain_cpu": statistics.median(own_cpu),
             "ratio_of_medians": med["adapter"] / med["plain"],
+            "ratio_to_stream": med["adapter"] / med["stream"],
+            "paired_ratios_to_stream": paired_stream,
             "median_tok_per_cpu_s": med_cpu,
             "cpu_ratio_of_medians": med_cpu["adapter"] / med_cpu["plain"],
             "paired_ratios": paired, "boundary_events_per_run": events}
@@ -216,16 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     res["load_avg_end"] = os.getloadavg()
     eng.close()
 
-    print("\n| traces | plain tok/s | adapter tok/s | ratio | plain tok/cpu-s | "
-          "adapter tok/cpu-s | cpu ratio | adapter code / wall | paired wall ratios |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("\n| traces | plain generate tok/s | vLLM stream tok/s | adapter tok/s | "
+          "adapter / plain | adapter / stream | adapter code CPU / plain CPU |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in res["throughput"]:
-        m, mc = r["median_tok_s"], r["median_tok_per_cpu_s"]
+        m = r["median_tok_s"]
         pr = ", ".join(f"{x:.2f}" for x in r["paired_ratios"])
-        print(f"| {r['concurrency']} | {m['plain']:.0f} | {m['adapter']:.0f} | "
-              f"{r['ratio_of_medians']:.3f} | {mc['plain']:.0f} | {mc['adapter']:.0f} | "
-              f"{r['cpu_ratio_of_medians']:.3f} | {r['adapter_code_share_of_wall']:.3f} | "
-              f"{pr} |")
+        ps = ", ".join(f"{x:.2f}" for x in r["paired_ratios_to_stream"])
+        print(f"| {r['concurrency']} | {m['plain']:.0f} | {m['stream']:.0f} | "
+              f"{m['adapter']:.0f} | {r['ratio_of_medians']:.3f} ({pr}) | "
+              f"{r['ratio_to_stream']:.3f} ({ps}) | {r['adapter_cpu_over_plain_cpu']:.3f} |")
     f = res["forks"]
     print(f"\nforks: {f['forks']}, block size {f['block_size']}, prompt len mean "
           f"{f['prompt_len_mean']:.0f}; recomputed tokens mean "

@@ -184,7 +184,8 @@ class RowCapture:
         self.rows_seen = 0
         self.rows_kept = 0
         self.steps_recorded = 0
-        self.seconds = 0.0  # spent in record (gather, filter, send)
+        self.seconds = 0.0  # wall seconds spent in record (gather, filter, send)
+        self.cpu_seconds = 0.0  # CPU seconds of this thread in record
 
     # -- recording (hot path) ------------------------------------------------------------
     def _parse(self, internal_id: str) -> tuple[str, int, int, bool] | None:
@@ -205,11 +206,12 @@ class RowCapture:
     ) -> None:
         """Record one step: row i of ``rows`` belongs to ``req_ids[i]`` at ``positions[i]``
         whose input token is ``tokens[i]`` (all three tensors on the same device)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             self._record(req_ids, rows, positions, tokens)
         finally:
             self.seconds += time.perf_counter() - t0
+            self.cpu_seconds += time.thread_time() - c0
 
     def _record(self, req_ids: Sequence[str], rows: torch.Tensor, positions: torch.Tensor,
                 tokens: torch.Tensor) -> None:
@@ -538,7 +540,7 @@ class GambitWorkerExtension:
             return None
         return {"steps": cap.steps_recorded, "rows_seen": cap.rows_seen,
                 "rows_kept": cap.rows_kept, "messages": cap._seq,
-                "capture_s": cap.seconds}
+                "capture_s": cap.seconds, "capture_cpu_s": cap.cpu_seconds}
 
 
 # --------------------------------------------------------------------------- driver side

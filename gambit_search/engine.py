@@ -117,7 +117,7 @@ class SamplingSpec:
             raise EngineError(f"logprobs must be None or >= 1, got {self.logprobs}")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TokenLogprobs:
     """Log-probabilities at one generated position."""
 
@@ -131,10 +131,11 @@ class TokenLogprobs:
     """Their log-probabilities (DeepConf's token confidence is ``-mean(top_logprobs)``)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Delta:
     """What one step added to one trace. Concatenating a trace's ``token_ids`` over all its
-    deltas gives exactly its final output token ids."""
+    deltas gives exactly its final output token ids. Read-only by convention (not frozen:
+    one is built per trace per step)."""
 
     trace: TraceId
     """The trace."""
@@ -153,9 +154,10 @@ class Delta:
     """One-line reason when ``finish_reason == "error"``."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class BoundaryEvent:
-    """The model's last-layer, post-final-norm hidden state at a thought boundary token."""
+    """The model's last-layer, post-final-norm hidden state at a thought boundary token
+    (read-only by convention)."""
 
     trace: TraceId
     """The trace."""

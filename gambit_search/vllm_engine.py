@@ -339,8 +339,9 @@ class VLLMEngine(Engine):
         self._req_limit: dict[str, int] = {}  # dropped request -> output length at the drop
         self._next_id = 0
         self._steps = 0
-        # driver-side seconds: in step() overall and inside vLLM's step()
-        self.timing = {"steps": 0, "step_s": 0.0, "vllm_step_s": 0.0}
+        # driver-side wall and CPU seconds: in step() overall and inside vLLM's step()
+        self.timing = {"steps": 0, "step_s": 0.0, "vllm_step_s": 0.0, "step_cpu_s": 0.0,
+                       "vllm_step_cpu_s": 0.0}
 
     # -- facts ---------------------------------------------------------------------------------
     @property
@@ -507,12 +508,14 @@ class VLLMEngine(Engine):
 
     # -- stepping ------------------------------------------------------------------------------
     def step(self) -> StepOutput:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return self._step()
         finally:
-            self.timing["steps"] += 1
-            self.timing["step_s"] += time.perf_counter() - t0
+            tm = self.timing
+            tm["steps"] += 1
+            tm["step_s"] += time.perf_counter() - t0
+            tm["step_cpu_s"] += time.thread_time() - c0
 
     def _step(self) -> StepOutput:
         self._check_open()
@@ -531,9 +534,10 @@ class VLLMEngine(Engine):
                 self._retired.append((self._steps, req))
             self._live.clear()
         if self._live:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             ros = self._engine.step()
             self.timing["vllm_step_s"] += time.perf_counter() - t0
+            self.timing["vllm_step_cpu_s"] += time.thread_time() - c0
             for ro in ros:
                 self._on_output(ro, out)
             self._steps += 1
@@ -549,7 +553,7 @@ class VLLMEngine(Engine):
         if t is None or t.req_id != ro.request_id or t.status is not TraceStatus.RUNNING:
             return  # an aborted or superseded request
         comp = ro.outputs[0]
-        new = tuple(int(i) for i in comp.token_ids)
+        new = tuple(comp.token_ids)
         start = len(t.output)
         t.output.extend(new)
         cached = None
@@ -569,11 +573,12 @@ class VLLMEngine(Engine):
             t.finish_reason = finish
             self._live.discard(t.req_id)
             self._retired.append((self._steps, t.req_id))
-        if self._think[1] is not None:
+        ts, te = self._think
+        if te is not None and (te in new or (ts is not None and ts in new)):
             for k, tok in enumerate(new):
-                if tok == self._think[1] and t.closed_at is None:
+                if tok == te and t.closed_at is None:
                     t.closed_at = start + k
-                elif tok == self._think[0] and t.closed_at is not None:
+                elif tok == ts and t.closed_at is not None:
                     t.closed_at = None  # re-opened
         out.deltas.append(Delta(t.id, new, comp.text, finish, lps, cached))
         if t.pending:

@@ -449,19 +449,19 @@ def test_runner_contracts_match_the_installed_vllm():
 def test_boundary_states_equal_transformers_last_hidden_state(engine, toy_hf_model,
                                                              toy_tokenizer):
     assert engine.runner_kind == "mrv1" and engine.hidden_size == 128
-    prompts = toy_prompts(toy_tokenizer, 6)
-    ids = [engine.add_trace(p, SamplingSpec(temperature=1.0, max_tokens=300), seed=k)
+    prompts = toy_prompts(toy_tokenizer, 8)
+    ids = [engine.add_trace(p, SamplingSpec(temperature=1.0, max_tokens=64), seed=k)
            for k, p in enumerate(prompts)]
     tokens, _, events, _ = run(engine)
     n_checked = 0
     for t in ids:
         info = engine.trace_info(t)
-        assert info.finish_reason == "stop"
+        assert info.finish_reason in ("stop", "length")
         seq = list(info.prompt_ids) + list(info.output_ids)
         hs, _ = hf_states(toy_hf_model, seq)
         ev = events[t]
-        # every "\n\n" of the output gets an event (none is the last token here)
-        assert [e.output_index for e in ev] == [j for j, x in enumerate(info.output_ids)
+        # every "\n\n" of the output gets an event, except as the last token (never fed)
+        assert [e.output_index for e in ev] == [j for j, x in enumerate(info.output_ids[:-1])
                                                if x == BOUNDARY]
         for e in ev:
             assert e.position == len(info.prompt_ids) + e.output_index
