@@ -46,7 +46,6 @@ def run(cfg: DemoConfig) -> dict:
 
     if not os.path.exists(cfg.model) and cfg.model.startswith((".", "/")):
         raise SystemExit(f"gambit-demo: model path {cfg.model} does not exist")
-    from collections import Counter
 
     from rich.console import Console
     from rich.table import Table

@@ -26,10 +26,13 @@ def rollouts(split, nq, n, seed):
     P = [[tok.bos_token_id] + tok.encode(build_prompt(q.text, tok), add_special_tokens=False) for q in qs]
     outs = s.sample(P, n, 1.0, seed, 400)
     seqs, plens, ys, qid = [], [], [], []
-    for qi, (q, p, o) in enumerate(zip(qs, P, outs)):
+    for qi, (q, p, o) in enumerate(zip(qs, P, outs, strict=True)):
         for ids, _ in o:
             a = extract_boxed(tok.decode(ids, skip_special_tokens=True))
-            seqs.append(p + ids); plens.append(len(p)); ys.append(a is not None and a.isdigit() and int(a) == q.answer); qid.append(qi)
+            seqs.append(p + ids)
+            plens.append(len(p))
+            ys.append(a is not None and a.isdigit() and int(a) == q.answer)
+            qid.append(qi)
     st = [h for h, _ in boundary_states(s.model, tok, seqs, plens)]
     return st, np.array(ys), np.array(qid)
 
@@ -39,9 +42,11 @@ te, yte, qte = rollouts("test", 200, 32, 2)
 res = {}
 for C, scale, train_on in itertools.product([0.01, 0.1, 1.0], [True, False], ["all", "last"]):
     if train_on == "all":
-        X = np.concatenate([h for h in tr if len(h)]); Y = np.concatenate([[y] * len(h) for h, y in zip(tr, ytr) if len(h)])
+        X = np.concatenate([h for h in tr if len(h)])
+        Y = np.concatenate([[y] * len(h) for h, y in zip(tr, ytr, strict=True) if len(h)])
     else:
-        X = np.stack([h[-1] for h in tr if len(h)]); Y = np.array([y for h, y in zip(tr, ytr) if len(h)])
+        X = np.stack([h[-1] for h in tr if len(h)])
+        Y = np.array([y for h, y in zip(tr, ytr, strict=True) if len(h)])
     lr = LogisticRegression(C=C, max_iter=3000)
     pr = make_pipeline(StandardScaler(), lr) if scale else lr
     pr.fit(X, Y)

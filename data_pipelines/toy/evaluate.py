@@ -112,8 +112,8 @@ class VLLMSampler:
     """Sampling through vLLM's offline ``LLM`` (the engine the product runs on)."""
 
     def __init__(self, model_dir: str):
-        from vllm import LLM
         from transformers import AutoTokenizer
+        from vllm import LLM
 
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.llm = LLM(model=model_dir, dtype="float32", enforce_eager=True, seed=0, block_size=32,

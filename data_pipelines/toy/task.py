@@ -248,10 +248,7 @@ def first_wrong_step(q: ToyQuestion, completion: str) -> int | None:
         th = th.strip()
         m = _STEP.match(th)
         if m:
-            if last is not None and int(m.group(1)) != last[1]:
-                # a new operation starts from the previous result: the previous one is settled
-                pass
-            a, sign, b, r = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
+            sign, b, r = m.group(2), int(m.group(3)), int(m.group(4))
             op = b if sign == "+" else -b
             if last is not None and last[0] == op:  # a retry of the same operation
                 last = (op, r)

@@ -23,7 +23,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data_pipelines.toy.task import ToyTaskConfig, draw_question, reference_trace, sample_trace, split_of
+from data_pipelines.toy.task import (
+    ToyTaskConfig,
+    draw_question,
+    reference_trace,
+    sample_trace,
+    split_of,
+)
 
 
 @dataclass
