@@ -9,7 +9,9 @@ all added at once, ``max_num_seqs`` >= C) are generated alternately
 * ``stream``:  the same, driven step by step through ``llm_engine`` with ``DELTA`` outputs
   (what any per-token consumer pays; no Gambit code);
 * ``adapter``: :class:`~gambit_search.vllm_engine.VLLMEngine` stepping with boundary capture
-  (hooks installed, boundary rows pushed, deltas and boundary events built),
+  (hooks installed, boundary rows pushed, deltas and boundary events built);
+* ``adapter_si``: the same with ``stream_interval=--stream-interval`` (tokens delivered
+  every N steps: vLLM builds N times fewer outputs),
 
 ``--reps`` times each, rotating the order; with identical seeds all produce the same tokens.
 Reported: tokens/s of each (median over reps) and the ratios (goal >= 0.97), plus the CPU
@@ -110,15 +112,16 @@ def _cpu_seconds() -> dict[int, float]:
     return out
 
 
-def bench_throughput(eng, conc: int, reps: int, max_tokens: int) -> dict:
+def bench_throughput(eng, conc: int, reps: int, max_tokens: int, interval: int) -> dict:
     jobs = _prompts(eng.tokenizer, conc)
-    rows = {"plain": [], "stream": [], "adapter": []}
+    rows = {"plain": [], "stream": [], "adapter": [], "adapter_si": []}
     events = 0
     for r in range(reps):
-        modes = ("plain", "stream", "adapter")
-        for mode in modes[r % 3:] + modes[: r % 3]:
-            if mode != "adapter":
+        modes = tuple(rows)
+        for mode in modes[r % 4:] + modes[: r % 4]:
+            if mode not in ("adapter", "adapter_si"):
                 eng.set_capture(False)
+            eng.stream_interval = interval if mode == "adapter_si" else 1
             c0 = _cpu_seconds()
             tm0, cs0 = dict(eng.timing), eng.capture_stats()
             if mode == "plain":
@@ -129,7 +132,7 @@ def bench_throughput(eng, conc: int, reps: int, max_tokens: int) -> dict:
                 n, dt, events = run_adapter(eng, jobs, max_tokens)
             c1 = _cpu_seconds()
             extra = {}
-            if mode == "adapter":
+            if mode.startswith("adapter"):
                 tm1, cs1 = eng.timing, eng.capture_stats()
                 extra = {
                     "steps": tm1["steps"] - tm0["steps"],
@@ -140,7 +143,7 @@ def bench_throughput(eng, conc: int, reps: int, max_tokens: int) -> dict:
                     "worker_capture_s": cs1["capture_s"] - cs0["capture_s"],
                     "worker_capture_cpu_s": cs1["capture_cpu_s"] - cs0["capture_cpu_s"],
                 }
-            if mode != "adapter":
+            if mode not in ("adapter", "adapter_si"):
                 eng.set_capture(True)
             cpu = sum(c1[k] - c0[k] for k in c0 if k in c1)
             rows[mode].append({"tokens": n, "seconds": dt, "tok_s": n / dt, "cpu_s": cpu,
@@ -149,7 +152,7 @@ def bench_throughput(eng, conc: int, reps: int, max_tokens: int) -> dict:
                     f"({extra['driver_adapter_cpu_s']:.2f} cpu), worker "
                     f"{extra['worker_capture_s']:.2f} s ({extra['worker_capture_cpu_s']:.2f} "
                     f"cpu)" if extra else "")
-            print(f"  C={conc} rep {r} {mode:8s} {n} tokens {dt:7.2f} s {n / dt:9.1f} tok/s "
+            print(f"  C={conc} rep {r} {mode:10s} {n} tokens {dt:7.2f} s {n / dt:9.1f} tok/s "
                   f"cpu {cpu:6.1f} s {n / cpu:8.1f} tok/cpu-s  load {os.getloadavg()[0]:.1f}"
                   f"{more}", flush=True)
     med = {m: statistics.median(x["tok_s"] for x in v) for m, v in rows.items()}
@@ -158,6 +161,8 @@ def bench_throughput(eng, conc: int, reps: int, max_tokens: int) -> dict:
                                                       strict=True)]
     paired_stream = [a["tok_s"] / p["tok_s"] for a, p in zip(rows["adapter"], rows["stream"],
                                                              strict=True)]
+    paired_si = [a["tok_s"] / p["tok_s"] for a, p in zip(rows["adapter_si"], rows["plain"],
+                                                         strict=True)]
     own = [(a["driver_adapter_s"] + a["worker_capture_s"]) / a["seconds"]
            for a in rows["adapter"]]
     # CPU the adapter's own code costs per token, over the CPU plain vLLM needs per token
@@ -169,6 +174,9 @@ def bench_throughput(eng, conc: int, reps: int, max_tokens: int) -> dict:
             "adapter_cpu_over_plain_cpu": statistics.median(own_cpu),
             "ratio_of_medians": med["adapter"] / med["plain"],
             "ratio_to_stream": med["adapter"] / med["stream"],
+            "stream_interval": interval,
+            "ratio_si_to_plain": med["adapter_si"] / med["plain"],
+            "paired_ratios_si_to_plain": paired_si,
             "paired_ratios_to_stream": paired_stream,
             "median_tok_per_cpu_s": med_cpu,
             "cpu_ratio_of_medians": med_cpu["adapter"] / med_cpu["plain"],
@@ -225,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=300)
     ap.add_argument("--forks", type=int, default=128)
+    ap.add_argument("--stream-interval", type=int, default=8,
+                    help="the adapter_si mode's VLLMEngineConfig.stream_interval")
     ap.add_argument("--kv-bytes", type=int, default=512 << 20)
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
@@ -251,22 +261,31 @@ def main(argv: list[str] | None = None) -> int:
         "load_avg_start": os.getloadavg(),
     }
     for c in args.concurrency:
-        res["throughput"].append(bench_throughput(eng, c, args.reps, args.max_tokens))
+        res["throughput"].append(bench_throughput(eng, c, args.reps, args.max_tokens,
+                                                  args.stream_interval))
+    eng.stream_interval = 1
     res["forks"] = bench_forks(eng, min(args.concurrency), args.forks, args.max_tokens)
     res["memory_after"] = eng.memory().__dict__
     res["load_avg_end"] = os.getloadavg()
     eng.close()
 
-    print("\n| traces | plain generate tok/s | vLLM stream tok/s | adapter tok/s | "
-          "adapter / plain | adapter / stream | adapter code CPU / plain CPU |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    si = args.stream_interval
+    print(f"\n| traces | plain generate tok/s | vLLM stream tok/s | adapter tok/s | "
+          f"adapter si={si} tok/s | adapter / plain | adapter / stream | "
+          f"adapter si={si} / plain | adapter code CPU / plain CPU |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in res["throughput"]:
         m = r["median_tok_s"]
-        pr = ", ".join(f"{x:.2f}" for x in r["paired_ratios"])
-        ps = ", ".join(f"{x:.2f}" for x in r["paired_ratios_to_stream"])
+
+        def fmt(xs):
+            return ", ".join(f"{x:.2f}" for x in xs)
+
         print(f"| {r['concurrency']} | {m['plain']:.0f} | {m['stream']:.0f} | "
-              f"{m['adapter']:.0f} | {r['ratio_of_medians']:.3f} ({pr}) | "
-              f"{r['ratio_to_stream']:.3f} ({ps}) | {r['adapter_cpu_over_plain_cpu']:.3f} |")
+              f"{m['adapter']:.0f} | {m['adapter_si']:.0f} | "
+              f"{r['ratio_of_medians']:.3f} ({fmt(r['paired_ratios'])}) | "
+              f"{r['ratio_to_stream']:.3f} ({fmt(r['paired_ratios_to_stream'])}) | "
+              f"{r['ratio_si_to_plain']:.3f} ({fmt(r['paired_ratios_si_to_plain'])}) | "
+              f"{r['adapter_cpu_over_plain_cpu']:.3f} |")
     f = res["forks"]
     print(f"\nforks: {f['forks']}, block size {f['block_size']}, prompt len mean "
           f"{f['prompt_len_mean']:.0f}; recomputed tokens mean "

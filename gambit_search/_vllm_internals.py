@@ -62,7 +62,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -72,9 +72,11 @@ __all__ = [
     "SUPPORTED",
     "CaptureSpec",
     "GambitWorkerExtension",
+    "ReqKey",
     "RowCapture",
     "decode_rows",
     "install_capture",
+    "RowMessage",
     "decode_message",
     "make_request_id",
     "parse_request_id",
@@ -107,12 +109,26 @@ def make_request_id(trace: int, incarnation: int, trace_prompt_len: int, closed:
     return f"gambit-{trace}-{incarnation}-p{trace_prompt_len}-{'c' if closed else 'o'}"
 
 
-def parse_request_id(request_id: str) -> tuple[str, int, int, bool] | None:
-    """``(external id, trace, trace prompt len, closed)`` or None for a foreign request."""
+class ReqKey(NamedTuple):
+    """What a Gambit request id says."""
+
+    ext: str
+    """The external id (vLLM's internal id minus its random suffix)."""
+    trace: int
+    incarnation: int
+    prompt_len: int
+    """Length of the trace's own prompt: output positions start here."""
+    closed: bool
+    """Reasoning already closed at the end of the request's prompt."""
+
+
+def parse_request_id(request_id: str) -> ReqKey | None:
+    """The :class:`ReqKey` of a Gambit request id (internal or external), else None."""
     m = _ID_RE.match(request_id)
     if m is None:
         return None
-    return m.group(1), int(m.group(2)), int(m.group(4)), m.group(5) == "c"
+    return ReqKey(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)),
+                  m.group(5) == "c")
 
 
 def vllm_version_supported(version: str) -> bool:
@@ -164,17 +180,19 @@ class RowCapture:
     ``record`` gathers on the device only. Steps are filtered as soon as their data is known
     to be on hand (at once on CPU; on CUDA when the event recorded after the gathers has
     completed, checked at the next record, or when more than ``max_pending_steps`` wait),
-    so a GPU step is never synchronised. Kept rows (float32, host) go out as one message per
-    step: ``{"seq", "ids", "pos", "tok", "rows"}`` pushed (non-blocking) to ``spec.sink``;
-    what cannot be sent yet waits in an outbox, in order. :meth:`flush` is the barrier the
-    driver uses when it needs everything (returns the last sequence number sent and the
-    unsent messages); :meth:`drain` returns everything as one blob (no sink: tests).
+    so a GPU step is never synchronised. Each recorded step becomes one message
+    (:class:`RowMessage`): the (trace, incarnation, position) of every Gambit row (so the
+    driver knows which rows exist: its watermark) plus the kept rows (float32, host),
+    pushed non-blocking to ``spec.sink``; what cannot be sent yet waits in an outbox, in
+    order. :meth:`flush` is the barrier the driver uses when it needs everything (returns
+    the last sequence number sent and the unsent messages); :meth:`drain` returns the kept
+    rows as one blob (no sink: tests).
     """
 
     def __init__(self, spec: CaptureSpec) -> None:
         self.spec = spec
         self._lut: np.ndarray | None = None
-        self._parsed: dict[str, tuple[str, int, int, bool] | None] = {}
+        self._parsed: dict[str, ReqKey | None] = {}
         self._closed: dict[str, bool] = {}  # external id -> reasoning closed
         self._pending: list[_Step] = []
         self._outbox: list[bytes] = []
@@ -188,7 +206,7 @@ class RowCapture:
         self.cpu_seconds = 0.0  # CPU seconds of this thread in record
 
     # -- recording (hot path) ------------------------------------------------------------
-    def _parse(self, internal_id: str) -> tuple[str, int, int, bool] | None:
+    def _parse(self, internal_id: str) -> ReqKey | None:
         try:
             return self._parsed[internal_id]
         except KeyError:
@@ -230,12 +248,18 @@ class RowCapture:
             idx = torch.tensor(keep, dtype=torch.long).to(rows.device, non_blocking=True)
             step = _Step([req_ids[i] for i in keep], rows.index_select(0, idx),
                          positions.index_select(0, idx), tokens.index_select(0, idx))
-        if step.rows.is_cuda:
-            step.event = torch.cuda.Event()
-            step.event.record()
+        step.event = self._make_event(step)
         self._pending.append(step)
         self._compact(block=len(self._pending) > self.spec.max_pending_steps)
         self._send()
+
+    def _make_event(self, step: _Step) -> Any:
+        """A completion marker for ``step``'s gathers (None: complete at once)."""
+        if step.rows.is_cuda:
+            ev = torch.cuda.Event()
+            ev.record()
+            return ev
+        return None
 
     # -- filtering -----------------------------------------------------------------------
     def _boundary_lut(self, size: int) -> np.ndarray:
@@ -257,42 +281,51 @@ class RowCapture:
             self._filter(st)
 
     def _filter(self, st: _Step) -> None:
+        """One message per recorded step: every Gambit row's (trace, incarnation, position)
+        (the driver's watermark: which rows exist) and the kept rows' data."""
         spec = self.spec
         think = {t for t in (spec.think_start, spec.think_end) if t is not None}
         pos = st.pos.to("cpu", dtype=torch.int64).numpy()
         tok = st.tok.to("cpu", dtype=torch.int64).numpy()
-        parsed = [self._parse(r) for r in st.req_ids]
-        plen = np.fromiter((p[2] for p in parsed), dtype=np.int64, count=len(parsed))
+        keys = [self._parse(r) for r in st.req_ids]
+        n = len(keys)
+        plen = np.fromiter((k.prompt_len for k in keys), dtype=np.int64, count=n)
         j = pos - plen  # output index of the row's input token
-        mask = np.zeros(len(pos), dtype=bool)
+        mask = np.zeros(n, dtype=bool)
         if spec.boundary_ids:
-            lut = self._boundary_lut(int(tok.max()) + 1 if len(tok) else 1)
+            lut = self._boundary_lut(int(tok.max()) + 1 if n else 1)
             mask |= lut[np.clip(tok, 0, lut.shape[0] - 1)] & (tok >= 0)
         if spec.stride:
             mask |= (j + 1) % spec.stride == 0
         mask &= j >= 0
         if think:
             closed = self._closed
-            for i, p in enumerate(parsed):
-                ext = p[0]
-                if mask[i] and closed.get(ext, p[3]):
+            for i, k in enumerate(keys):
+                if mask[i] and closed.get(k.ext, k.closed):
                     mask[i] = False
                 t = int(tok[i])
                 if t in think and j[i] >= -1:
                     if len(closed) > 65536:
                         closed.clear()
-                    closed[ext] = t == spec.think_end
-        if not mask.any():
-            return
+                    closed[k.ext] = t == spec.think_end
         sel = np.nonzero(mask)[0]
-        idx = torch.from_numpy(sel).to(st.rows.device)
-        rows = st.rows.index_select(0, idx).to("cpu", dtype=torch.float32).numpy()
+        if len(sel):
+            idx = torch.from_numpy(sel).to(st.rows.device)
+            rows = st.rows.index_select(0, idx).to("cpu", dtype=torch.float32).numpy()
+        else:
+            rows = np.zeros((0, st.rows.shape[1]), dtype=np.float32)
         self.rows_kept += len(sel)
         self._seq += 1
-        self._outbox.append(pickle.dumps(
-            {"seq": self._seq, "ids": [parsed[i][0] for i in sel.tolist()],
-             "pos": pos[sel], "tok": tok[sel], "rows": rows},
-            protocol=pickle.HIGHEST_PROTOCOL))
+        self._outbox.append(pickle.dumps({
+            "seq": self._seq,
+            "trace": np.fromiter((k.trace for k in keys), dtype=np.int64, count=n),
+            "inc": np.fromiter((k.incarnation for k in keys), dtype=np.int64, count=n),
+            "pos": pos,
+            "keep": sel.astype(np.int64),
+            "ids": [keys[i].ext for i in sel.tolist()],
+            "tok": tok[sel],
+            "rows": rows,
+        }, protocol=pickle.HIGHEST_PROTOCOL))
 
     # -- shipping ------------------------------------------------------------------------
     def _send(self) -> None:
@@ -322,20 +355,19 @@ class RowCapture:
         return self._sent, out
 
     def drain(self) -> bytes | None:
-        """Everything kept so far as one blob (see :func:`decode_rows`), for use without a
-        sink."""
+        """The kept rows recorded so far as one blob (see :func:`decode_rows`), for use
+        without a sink; None when no row was kept."""
         self._compact(block=True)
-        msgs, self._outbox = self._outbox, []
+        msgs, self._outbox = [decode_message(m) for m in self._outbox], []
         self._sent = self._seq
+        msgs = [m for m in msgs if len(m.keep)]
         if not msgs:
             return None
-        parts = [pickle.loads(m) for m in msgs]
         return pickle.dumps({
-            "seq": parts[-1]["seq"],
-            "ids": [i for p in parts for i in p["ids"]],
-            "pos": np.concatenate([p["pos"] for p in parts]),
-            "tok": np.concatenate([p["tok"] for p in parts]),
-            "rows": np.concatenate([p["rows"] for p in parts], axis=0),
+            "ids": [i for m in msgs for i in m.ids],
+            "pos": np.concatenate([m.pos[m.keep] for m in msgs]),
+            "tok": np.concatenate([m.tok for m in msgs]),
+            "rows": np.concatenate([m.rows for m in msgs], axis=0),
         }, protocol=pickle.HIGHEST_PROTOCOL)
 
     def close(self) -> None:
@@ -344,18 +376,40 @@ class RowCapture:
             self._sock = None
 
 
+class RowMessage(NamedTuple):
+    """One recorded step, as pushed by the worker."""
+
+    seq: int
+    """1, 2, ... per capture install."""
+    trace: np.ndarray
+    """int64 [n]: trace of every Gambit row of the step."""
+    inc: np.ndarray
+    """int64 [n]: its incarnation."""
+    pos: np.ndarray
+    """int64 [n]: its position (the state at the token there)."""
+    keep: np.ndarray
+    """int64 [m]: indices of the kept (boundary) rows."""
+    ids: list[str]
+    """[m] external request ids of the kept rows."""
+    tok: np.ndarray
+    """int64 [m]: input token of each kept row."""
+    rows: np.ndarray
+    """float32 [m, d]: the kept states."""
+
+
+def decode_message(blob: bytes) -> RowMessage:
+    """A pushed message."""
+    d = pickle.loads(blob)
+    return RowMessage(int(d["seq"]), d["trace"], d["inc"], d["pos"], d["keep"], d["ids"],
+                      d["tok"], d["rows"])
+
+
 def decode_rows(blob: bytes | None) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """``(external ids, positions, input token ids, float32 rows [n, d])`` of one message."""
+    """``(external ids, positions, input token ids, float32 rows [n, d])`` of a drain."""
     if not blob:
         return [], np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
     d = pickle.loads(blob)
     return d["ids"], d["pos"], d["tok"], d["rows"]
-
-
-def decode_message(blob: bytes) -> tuple[int, list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """``(sequence number, ids, positions, tokens, rows)`` of one pushed message."""
-    d = pickle.loads(blob)
-    return int(d["seq"]), d["ids"], d["pos"], d["tok"], d["rows"]
 
 
 # --------------------------------------------------------------------------- runner hooks

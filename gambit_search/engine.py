@@ -32,10 +32,12 @@ Driving loop::
 Boundary timing (both implementations): the state *at* a boundary token is computed when
 that token is fed back to the model, so its :class:`BoundaryEvent` comes in the same or a
 later :class:`StepOutput` than the :class:`Delta` carrying the token (usually one or two
-steps later; all of them by the time the engine is idle), never earlier. When a trace stops right after a boundary token (EOS, length, abort
-or evict), that one state may never be computed and no event is emitted for it. Events of a
-trace that already finished may still arrive in a later step; events of an aborted trace
-are dropped.
+steps later), never earlier, and never later than the trace's finishing delta: when a
+trace's finishing delta arrives, all its events have arrived (the vLLM engine may hold a
+finishing delta back a step or two for that). When a trace stops right after a boundary
+token (EOS, length, abort or evict), that one state is never computed and no event is
+emitted for it. Events of aborted traces are dropped; those of an evicted trace (a ghost)
+that the engine had computed still come.
 """
 
 from __future__ import annotations

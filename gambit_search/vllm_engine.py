@@ -28,6 +28,16 @@ How each operation maps onto vLLM:
 * memory: ``llm_engine.get_metrics()`` (``disable_log_stats=False``) and
   ``cache_config.num_gpu_blocks``.
 
+Rows and deltas travel on different channels. Each worker message also lists the position
+of every Gambit row of its step, so the driver knows when a trace's last row (the state at
+its second-to-last token) is in: a finishing delta is held back until then (at most
+``HOLD_STEPS`` steps, then a ``gambit_flush`` barrier), which keeps the interface's promise
+that no event of a trace comes after its finishing delta.
+
+Throughput: with ``stream_interval=1`` (default) vLLM builds one output per trace per step;
+``stream_interval=8`` delivers tokens in batches and brings the adapter to >= 0.97 of plain
+``LLM.generate`` (docs/BENCHMARKS.md, "Engine adapter").
+
 Boundary definition: a token whose decoded text contains ``boundary_text`` ("\\n\\n"), at an
 output position, while the reasoning is open (before ``</think>`` when the tokenizer has it
 as one token; a prompt that already closed it captures nothing). ``stride=N`` adds (or, with
@@ -40,7 +50,6 @@ import logging
 import re
 import time
 import zlib
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -67,8 +76,8 @@ __all__ = ["VLLMEngine", "VLLMEngineConfig", "boundary_token_ids", "think_token_
 
 logger = logging.getLogger(__name__)
 
-RETIRE_STEPS = 64
-"""Steps after its request ended during which a trace still accepts late rows."""
+HOLD_STEPS = 4
+"""Steps a finishing delta may wait for its trace's last rows before a flush barrier."""
 FLUSH_TIMEOUT_S = 60.0
 """Longest wait for the worker's rows at a flush."""
 
@@ -118,6 +127,11 @@ class VLLMEngineConfig:
     """Opens the reasoning, when the tokenizer has it as one token."""
     think_end_text: str = "</think>"
     """Closes the reasoning: no boundary is captured after it."""
+    stream_interval: int = 1
+    """Deliver a trace's tokens every N tokens (vLLM's ``SamplingParams.stream_interval``;
+    the first and the last come at once). N > 1 saves vLLM's per-step output building on the
+    driver; the driver then knows a trace's tokens up to N-1 late (forks and evictions act
+    on the delivered prefix)."""
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
     """Passed to ``vllm.LLM`` as is (overrides the above)."""
 
@@ -207,6 +221,9 @@ class _Trace:
     last_event: BoundaryEvent | None = None
     closed_at: int | None = None  # output index of the </think> that closed the reasoning
     # (negative: closed inside the prompt); None while the reasoning is open
+    watermark: int = -1  # highest position the worker recorded for the current incarnation
+    inc_limit: dict[int, int] = field(default_factory=dict)  # dropped incarnation -> output
+    # length at the drop (its rows below that are still valid)
 
 
 class VLLMEngine(Engine):
@@ -222,6 +239,8 @@ class VLLMEngine(Engine):
             validate_model_path(config.tokenizer, what="tokenizer")
         if config.stride is not None and config.stride < 1:
             raise EngineError(f"stride must be >= 1, got {config.stride}")
+        if config.stream_interval < 1:
+            raise EngineError(f"stream_interval must be >= 1, got {config.stream_interval}")
         if config.capture_hidden and config.boundary_text is None and config.stride is None:
             raise EngineError("capture_hidden needs boundary_text or stride")
         from transformers import AutoTokenizer
@@ -329,14 +348,14 @@ class VLLMEngine(Engine):
             self._hidden_size = int(infos[0]["hidden_size"])
 
     def _init_state(self) -> None:
+        self._stream_interval = self.config.stream_interval
         self._traces: dict[int, _Trace] = {}
         self._by_req: dict[str, _Trace] = {}
         self._live: set[str] = set()  # request ids vLLM still runs
         self._errors: list[Delta] = []
-        # requests vLLM is done with, as (step, id): their late rows are still accepted for
-        # RETIRE_STEPS steps (and until the next flush)
-        self._retired: deque[tuple[int, str]] = deque()
-        self._req_limit: dict[str, int] = {}  # dropped request -> output length at the drop
+        # finishing deltas waiting for their trace's last rows: trace -> (delta, position of
+        # the last row the request computed, steps waited)
+        self._held: dict[int, list[Any]] = {}
         self._next_id = 0
         self._steps = 0
         # driver-side wall and CPU seconds: in step() overall and inside vLLM's step()
@@ -371,6 +390,18 @@ class VLLMEngine(Engine):
         return self._runner_kind
 
     @property
+    def stream_interval(self) -> int:
+        """See :attr:`VLLMEngineConfig.stream_interval`; settable (applies to requests added
+        afterwards)."""
+        return self._stream_interval
+
+    @stream_interval.setter
+    def stream_interval(self, n: int) -> None:
+        if n < 1:
+            raise EngineError(f"stream_interval must be >= 1, got {n}")
+        self._stream_interval = int(n)
+
+    @property
     def boundary_ids(self) -> frozenset[int]:
         """Token ids treated as thought boundaries."""
         return self._boundary_set
@@ -397,6 +428,7 @@ class VLLMEngine(Engine):
             ignore_eos=spec.ignore_eos,
             seed=seed,
             output_kind=RequestOutputKind.DELTA,
+            stream_interval=self.stream_interval if self.stream_interval > 1 else None,
             skip_special_tokens=True,
         )
 
@@ -413,6 +445,7 @@ class VLLMEngine(Engine):
             t.closed_at = last - len(t.prompt)
         req = make_request_id(t.id, t.incarnation, len(t.prompt), closed)
         t.req_id = req
+        t.watermark = -1
         t.first_output_pending = True
         t.num_cached_tokens = None
         t.status = TraceStatus.RUNNING
@@ -459,7 +492,7 @@ class VLLMEngine(Engine):
              seed: int | None = None, max_tokens: int | None = None) -> TraceId:
         self._check_open()
         p = self._get(parent)
-        if p.status not in (TraceStatus.RUNNING, TraceStatus.EVICTED):
+        if p.status not in (TraceStatus.RUNNING, TraceStatus.EVICTED) or parent in self._held:
             raise EngineError(f"cannot fork trace {parent}: it is {p.status.value}")
         if temperature_multiplier < 0:
             raise EngineError(f"temperature_multiplier must be >= 0, got "
@@ -478,14 +511,16 @@ class VLLMEngine(Engine):
             return
         if t.status is TraceStatus.RUNNING:
             self._drop_request(t)
+        self._held.pop(trace, None)
         t.status = TraceStatus.ABORTED
         t.finish_reason = "abort"
         t.pending.clear()
 
     def evict(self, trace: TraceId) -> None:
         t = self._get(trace)
-        if t.status is not TraceStatus.RUNNING:
-            raise EngineError(f"cannot evict trace {trace}: it is {t.status.value}")
+        if t.status is not TraceStatus.RUNNING or trace in self._held:
+            state = "finishing" if trace in self._held else t.status.value
+            raise EngineError(f"cannot evict trace {trace}: it is {state}")
         self._drop_request(t)
         t.status = TraceStatus.EVICTED
 
@@ -503,8 +538,8 @@ class VLLMEngine(Engine):
         if req is not None and req in self._live:
             self._engine.abort_request([req])
             self._live.discard(req)
-            self._retired.append((self._steps, req))
-            self._req_limit[req] = len(t.output)
+            self._by_req.pop(req, None)
+            t.inc_limit[t.incarnation] = len(t.output)
 
     # -- stepping ------------------------------------------------------------------------------
     def step(self) -> StepOutput:
@@ -531,7 +566,7 @@ class VLLMEngine(Engine):
                 t.status, t.finish_reason = TraceStatus.FINISHED, "error"
                 t.error = "vLLM dropped the request"
                 out.deltas.append(Delta(t.id, (), "", "error", error=t.error))
-                self._retired.append((self._steps, req))
+                self._by_req.pop(req, None)
             self._live.clear()
         if self._live:
             t0, c0 = time.perf_counter(), time.thread_time()
@@ -543,9 +578,11 @@ class VLLMEngine(Engine):
             self._steps += 1
         if self.config.capture_hidden:
             self._poll_rows(out)
-            if not self._live:
+            if not self._live or any(h[2] >= HOLD_STEPS for h in self._held.values()):
                 self._flush_rows(out)
-            self._retire(everything=not self._live)
+                self._release_held(out, force=True)
+            else:
+                self._release_held(out, force=False)
         return out
 
     def _on_output(self, ro: Any, out: StepOutput) -> None:
@@ -569,10 +606,8 @@ class VLLMEngine(Engine):
             finish = comp.finish_reason or "stop"
             if finish == "abort":  # vLLM-side abort we did not ask for
                 finish = "error"
-            t.status = TraceStatus.FINISHED
-            t.finish_reason = finish
             self._live.discard(t.req_id)
-            self._retired.append((self._steps, t.req_id))
+            self._by_req.pop(t.req_id, None)
         ts, te = self._think
         if te is not None and (te in new or (ts is not None and ts in new)):
             for k, tok in enumerate(new):
@@ -580,9 +615,36 @@ class VLLMEngine(Engine):
                     t.closed_at = start + k
                 elif tok == ts and t.closed_at is not None:
                     t.closed_at = None  # re-opened
-        out.deltas.append(Delta(t.id, new, comp.text, finish, lps, cached))
+        delta = Delta(t.id, new, comp.text, finish, lps, cached)
         if t.pending:
             out.boundaries.extend(self._flush_pending(t))
+        if finish is None:
+            out.deltas.append(delta)
+        elif self.config.capture_hidden:
+            # the request's last row is the state at its second-to-last token: hold the
+            # finishing delta until that row is in, so no event comes after it
+            self._held[t.id] = [delta, len(t.prompt) + len(t.output) - 2, 0]
+        else:
+            self._finish(t, delta, out)
+
+    def _finish(self, t: _Trace, delta: Delta, out: StepOutput) -> None:
+        t.status = TraceStatus.FINISHED
+        t.finish_reason = delta.finish_reason
+        t.pending.clear()
+        out.deltas.append(delta)
+
+    def _release_held(self, out: StepOutput, force: bool) -> None:
+        """Deliver finishing deltas whose trace's rows are all in (all, with ``force``)."""
+        for tid in list(self._held):
+            h = self._held[tid]
+            t = self._traces[tid]
+            if force or t.watermark >= h[1]:
+                del self._held[tid]
+                if t.pending:
+                    out.boundaries.extend(self._flush_pending(t))
+                self._finish(t, h[0], out)
+            else:
+                h[2] += 1
 
     @staticmethod
     def _logprobs(new: tuple[int, ...], lp: Any, k: int) -> tuple[TokenLogprobs, ...]:
@@ -625,33 +687,31 @@ class VLLMEngine(Engine):
             for blob in unsent:
                 self._apply_rows(blob, out)
 
-    def _retire(self, everything: bool) -> None:
-        """Forget requests that ended long enough ago (their late rows are ignored)."""
-        horizon = self._steps - RETIRE_STEPS
-        while self._retired and (everything or self._retired[0][0] <= horizon):
-            _, req = self._retired.popleft()
-            self._by_req.pop(req, None)
-            self._req_limit.pop(req, None)
-
     def _apply_rows(self, blob: bytes, out: StepOutput) -> None:
         from gambit_search._vllm_internals import decode_message
 
-        seq, ids, pos, tok, rows = decode_message(blob)
-        self._seq_seen = max(self._seq_seen, seq)
+        m = decode_message(blob)
+        self._seq_seen = max(self._seq_seen, m.seq)
+        traces = self._traces
+        for tr, ic, p in zip(m.trace.tolist(), m.inc.tolist(), m.pos.tolist(), strict=True):
+            t = traces.get(tr)
+            if t is not None and t.incarnation == ic and p > t.watermark:
+                t.watermark = p
         touched: set[int] = set()
-        for k, req in enumerate(ids):
-            t = self._by_req.get(req)
-            if t is None or t.status is TraceStatus.ABORTED:
-                continue
-            j = int(pos[k]) - len(t.prompt)
+        for k, i in enumerate(m.keep.tolist()):
+            tr, ic = int(m.trace[i]), int(m.inc[i])
+            t = traces.get(tr)
+            if t is None or t.status in (TraceStatus.ABORTED, TraceStatus.FINISHED):
+                continue  # never an event after the finishing delta
+            j = int(m.pos[i]) - len(t.prompt)
             if j <= t.last_emitted:
                 continue
-            if req != t.req_id and j >= self._req_limit.get(req, 0):
+            if ic != t.incarnation and j >= t.inc_limit.get(ic, 0):
                 continue  # a dropped incarnation's row past what was delivered
-            t.pending[j] = (int(tok[k]), rows[k])
-            touched.add(t.id)
+            t.pending[j] = (int(m.tok[k]), m.rows[k])
+            touched.add(tr)
         for tid in sorted(touched):
-            out.boundaries.extend(self._flush_pending(self._traces[tid]))
+            out.boundaries.extend(self._flush_pending(traces[tid]))
 
     def _flush_pending(self, t: _Trace) -> list[BoundaryEvent]:
         """Turn buffered rows whose token the driver has seen into events."""
@@ -710,7 +770,7 @@ class VLLMEngine(Engine):
         )
 
     def has_unfinished(self) -> bool:
-        return bool(self._live or self._errors)
+        return bool(self._live or self._errors or self._held)
 
     def capture_stats(self) -> dict[str, float] | None:
         """Worker-side capture counters (see ``GambitWorkerExtension.gambit_stats``)."""

@@ -111,8 +111,8 @@ def test_hidden_states_of_a_scorer_free_run_or_unknown_trace_are_clear_errors(mo
 
 def test_request_ids_and_reasoning_state():
     rid = vi.make_request_id(12, 3, 40, closed=False)
-    assert vi.parse_request_id(rid + "-ab12cd34") == (rid, 12, 40, False)
-    assert vi.parse_request_id(rid) == (rid, 12, 40, False)
+    assert vi.parse_request_id(rid + "-ab12cd34") == (rid, 12, 3, 40, False)
+    assert vi.parse_request_id(rid) == vi.ReqKey(rid, 12, 3, 40, False)
     assert vi.parse_request_id("chat-1-ab12cd34") is None
     assert vi.vllm_version_supported("0.32.0") and vi.vllm_version_supported("0.33.1")
     assert not vi.vllm_version_supported("0.34.0")
@@ -144,14 +144,32 @@ def _think_tokenizer(path):
     return str(path)
 
 
+class _LateEvent:
+    """A CUDA-event stand-in that completes one record later (a GPU's deferred rows)."""
+
+    def __init__(self):
+        self.ready = False
+
+    def query(self):
+        return self.ready
+
+
+class LaggyCapture(vi.RowCapture):
+    def _make_event(self, step):
+        for st in self._pending:
+            st.event.ready = True
+        return _LateEvent()
+
+
 class StubLLMEngine:
     """Plays vLLM's LLMEngine for VLLMEngine's driver logic: one token per request per step
     from a script, and a real RowCapture fed the rows a model runner would produce (the row
     at position p is ``[p, token at p, ...]``)."""
 
-    def __init__(self, script, spec: dict, d: int = 4):
+    def __init__(self, script, spec: dict, d: int = 4, lag: bool = False):
         self.script, self.d = script, d
-        self.cap = vi.RowCapture(vi.CaptureSpec.from_dict(spec))
+        self.cap = LaggyCapture(vi.CaptureSpec.from_dict(spec)) if lag else vi.RowCapture(
+            vi.CaptureSpec.from_dict(spec))
         self.reqs: dict[str, dict] = {}
 
     def add_request(self, req_id, prompt, params):
@@ -192,13 +210,13 @@ class StubLLMEngine:
         return [self.cap.flush()]
 
 
-def _stub_engine(monkeypatch, tmp_path, script, worker_think=True):
+def _stub_engine(monkeypatch, tmp_path, script, worker_think=True, lag=False):
     def start(self):
         self._open_sink()
         spec = self._capture_spec()
         if not worker_think:  # the driver-side filter alone
             spec = {**spec, "think_start": None, "think_end": None}
-        self._engine = StubLLMEngine(script, spec)
+        self._engine = StubLLMEngine(script, spec, lag=lag)
         self._block_size, self._total_blocks, self._max_model_len = 4, 100, 64
         self._hidden_size = 4
 
@@ -238,6 +256,30 @@ def test_driver_keeps_boundaries_inside_the_reasoning_only(monkeypatch, tmp_path
                         worker_think)
     c = eng2.add_trace([1, TS, A, TE, A], SamplingSpec(max_tokens=20))
     assert _collect(eng2) == [] and eng2.trace_info(c).finish_reason == "stop"
+
+
+@pytest.mark.parametrize("lag", [False, True])
+def test_driver_delivers_all_events_before_the_finishing_delta(monkeypatch, tmp_path, lag):
+    pytest.importorskip("vllm")
+    eng = _stub_engine(monkeypatch, tmp_path, lambda seq: NL if len(seq) % 3 == 0 else A,
+                       lag=lag)
+    spec = SamplingSpec(max_tokens=9)
+    ts = [eng.add_trace([1, A, A], spec), eng.add_trace([1, A, A, A], spec)]
+    done: set[int] = set()
+    seen: dict[int, list[int]] = {t: [] for t in ts}
+    for _ in range(40):
+        if not eng.has_unfinished():
+            break
+        out = eng.step()
+        for e in out.boundaries:
+            assert e.trace not in done, "an event after the finishing delta"
+            seen[e.trace].append(e.output_index)
+        done |= {d.trace for d in out.deltas if d.finish_reason is not None}
+    assert done == set(ts)
+    for t in ts:
+        out_ids = eng.trace_info(t).output_ids
+        # every boundary but a last token, each once, all before the finish
+        assert seen[t] == [j for j, x in enumerate(out_ids[:-1]) if x == NL]
 
 
 def test_driver_evict_revive_drops_rows_of_undelivered_tokens(monkeypatch, tmp_path):
@@ -319,11 +361,14 @@ def test_row_capture_pushes_ordered_messages_and_flush_is_a_barrier(tmp_path):
     assert last == 5 and unsent == []
     seqs = []
     while pull.poll(2000):
-        seq, got, pos, _, rows = vi.decode_message(pull.recv())
-        seqs.append(seq)
-        assert [g[:8] for g in got] == ["gambit-0", "gambit-2"]
-        assert rows[0, 0] == seq - 1 and pos.tolist() == [seq + 1] * 2
-        if seq == last:
+        m = vi.decode_message(pull.recv())
+        seqs.append(m.seq)
+        # every Gambit row's (trace, incarnation, position); the boundary rows' data
+        assert m.trace.tolist() == [0, 1, 2] and m.inc.tolist() == [0, 0, 0]
+        assert m.pos.tolist() == [m.seq + 1] * 3 and m.keep.tolist() == [0, 2]
+        assert [g[:8] for g in m.ids] == ["gambit-0", "gambit-2"]
+        assert m.rows.shape == (2, 4) and m.rows[0, 0] == m.seq - 1
+        if m.seq == last:
             break
     assert seqs == [1, 2, 3, 4, 5]
     cap.close()
@@ -450,8 +495,14 @@ def test_boundary_states_equal_transformers_last_hidden_state(engine, toy_hf_mod
                                                              toy_tokenizer):
     assert engine.runner_kind == "mrv1" and engine.hidden_size == 128
     prompts = toy_prompts(toy_tokenizer, 8)
-    ids = [engine.add_trace(p, SamplingSpec(temperature=1.0, max_tokens=64), seed=k)
-           for k, p in enumerate(prompts)]
+    engine.stream_interval = 4  # half the traces get their tokens in batches of 4
+    try:
+        ids = [engine.add_trace(p, SamplingSpec(temperature=1.0, max_tokens=64), seed=k)
+               for k, p in enumerate(prompts[:4])]
+    finally:
+        engine.stream_interval = 1
+    ids += [engine.add_trace(p, SamplingSpec(temperature=1.0, max_tokens=64), seed=k)
+            for k, p in enumerate(prompts[4:])]
     tokens, _, events, _ = run(engine)
     n_checked = 0
     for t in ids:
