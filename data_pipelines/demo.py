@@ -92,9 +92,10 @@ def run(cfg: DemoConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from data_pipelines.cli import add_dataclass_args
+
     p = argparse.ArgumentParser(prog="gambit-demo", description=__doc__.split("\n\n")[0])
-    for name, f in DemoConfig.__dataclass_fields__.items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=type(f.default), default=f.default)
+    add_dataclass_args(p, DemoConfig)
     run(DemoConfig(**vars(p.parse_args(argv))))
 
 

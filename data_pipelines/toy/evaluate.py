@@ -337,8 +337,9 @@ def evaluate(cfg: EvalConfig) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for f in EvalConfig.__dataclass_fields__.values():
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
+    from data_pipelines.cli import add_dataclass_args
+
+    add_dataclass_args(p, EvalConfig)
     p.add_argument("--out", default=None, help="write the JSON report here")
     a = vars(p.parse_args(argv))
     out = a.pop("out")

@@ -224,14 +224,10 @@ def train(cfg: PolicyTrainConfig) -> dict:
 
 def _parse(argv: list[str] | None = None) -> PolicyTrainConfig:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(PolicyTrainConfig):
-        if f.name == "task":
-            continue
-        p.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, help=f"(default: {f.default})")
-    for f in dataclasses.fields(ToyTaskConfig):
-        if f.name == "split_weights":
-            continue
-        p.add_argument(f"--task-{f.name.replace('_', '-')}", type=type(f.default), default=f.default, help=f"(default: {f.default})")
+    from data_pipelines.cli import add_dataclass_args
+
+    add_dataclass_args(p, PolicyTrainConfig, skip=("task",))
+    add_dataclass_args(p, ToyTaskConfig, skip=("split_weights",), prefix="task-")
     a = vars(p.parse_args(argv))
     task = ToyTaskConfig(**{f.name: a.pop(f"task_{f.name}") for f in dataclasses.fields(ToyTaskConfig) if f.name != "split_weights"})
     return PolicyTrainConfig(**a, task=task)
