@@ -75,6 +75,10 @@ class HarvestConfig:
     """Most traces live in the engine at once."""
     kv_cache_gib: float = 1.0
     """KV-cache size (GiB) for the vLLM engine."""
+    stream_interval: int = 8
+    """Deliver generated tokens every N steps (vLLM's ``stream_interval``). The harvest only
+    needs whole traces, so batching the deliveries saves vLLM's per-step output building;
+    the sampled tokens are the same for any value (not part of the config fingerprint)."""
     engine: str = "vllm"
     """'vllm', or 'fake' (scripted engine: tests and dry runs)."""
     fields_for_fingerprint: tuple[str, ...] = field(
@@ -141,7 +145,8 @@ def _make_engine(cfg: HarvestConfig):
     from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
 
     eng = VLLMEngine(VLLMEngineConfig(model=cfg.model, dtype="auto", max_num_seqs=cfg.max_concurrency,
-                                      kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), seed=cfg.seed))
+                                      kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), seed=cfg.seed,
+                                      stream_interval=cfg.stream_interval))
     return eng, sorted(eng.boundary_ids)
 
 
@@ -186,7 +191,7 @@ class _Run:
 
         cfg = self.cfg
         spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                            max_tokens=cfg.max_tokens, logprobs=1)
+                            max_tokens=cfg.max_tokens, logprobs=0)  # the sampled token's only
         todo = deque((c, q, i) for c, qs in work for q in qs for i in range(cfg.n))
         left = {c: len(qs) * cfg.n for c, qs in work}
         rows: dict[int, list[dict]] = {c: [] for c, _ in work}

@@ -100,7 +100,8 @@ class SamplingSpec:
     min_tokens: int = 0
     """EOS / stop tokens are suppressed before this many output tokens."""
     logprobs: int | None = None
-    """Return the top-k log-probabilities of every generated token (DeepConf); None: off."""
+    """Return the sampled token's log-probability and the top-k ones of every generated token
+    (DeepConf); 0: the sampled token's only (cheapest); None: off."""
     stop_token_ids: tuple[int, ...] = ()
     """Extra token ids that end the trace (EOS always does)."""
     ignore_eos: bool = False
@@ -115,8 +116,8 @@ class SamplingSpec:
             raise EngineError(f"top_k must be >= 0 (0: off), got {self.top_k}")
         if self.max_tokens < 1:
             raise EngineError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.logprobs is not None and self.logprobs < 1:
-            raise EngineError(f"logprobs must be None or >= 1, got {self.logprobs}")
+        if self.logprobs is not None and self.logprobs < 0:
+            raise EngineError(f"logprobs must be None or >= 0, got {self.logprobs}")
 
 
 @dataclass(slots=True)

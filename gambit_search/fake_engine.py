@@ -516,9 +516,9 @@ class FakeEngine(Engine):
 
     def _fake_logprobs(self, seq: Sequence[int], tok: int, k: int) -> TokenLogprobs:
         rng = random.Random(hash(tuple(seq)))
-        vals = sorted((-rng.expovariate(1.0) for _ in range(k)), reverse=True)
+        vals = sorted((-rng.expovariate(1.0) for _ in range(max(k, 1))), reverse=True)
         ids = tuple(rng.randrange(self.config.vocab_size) for _ in range(k))
-        return TokenLogprobs(tok, vals[0], ids, tuple(vals))
+        return TokenLogprobs(tok, vals[0], ids, tuple(vals[:k]))
 
     # -- reading ------------------------------------------------------------------------------
     def trace_info(self, trace: TraceId) -> TraceInfo:

@@ -684,3 +684,26 @@ def test_overlong_prompt_fails_only_that_trace_and_logprobs(engine, toy_tokenize
         engine.last_boundary(123456)
     with pytest.raises(EngineError, match="cannot fork"):
         engine.fork(bad)
+
+
+@pytest.mark.slow
+def test_logprobs_zero_returns_the_sampled_token_only(engine, toy_tokenizer, toy_hf_model):
+    """``logprobs=0`` (what the harvest asks for): no top-k, the sampled token's log-prob exact,
+    also when tokens arrive in batches (stream_interval > 1)."""
+    engine.stream_interval = 4
+    try:
+        t = engine.add_trace(toy_prompts(toy_tokenizer, 1)[0],
+                             SamplingSpec(temperature=1.0, max_tokens=30, logprobs=0), seed=3)
+    finally:
+        engine.stream_interval = 1
+    lps = []
+    while engine.has_unfinished():
+        lps += [lp for d in engine.step().deltas if d.trace == t for lp in d.logprobs]
+    info = engine.trace_info(t)
+    assert len(lps) == len(info.output_ids) > 0
+    seq = list(info.prompt_ids) + list(info.output_ids)
+    _, logits = hf_states(toy_hf_model, seq)
+    logp = torch.log_softmax(torch.tensor(logits), -1).numpy()
+    for j, lp in enumerate(lps):
+        assert lp.token_id == info.output_ids[j] and lp.top_logprobs == () and lp.top_ids == ()
+        assert abs(lp.logprob - logp[len(info.prompt_ids) - 1 + j][lp.token_id]) <= 1e-3
