@@ -48,6 +48,7 @@ def main() -> None:
         dt = time.time() - t0
         toks = sum(len(c.token_ids) for o in outs for c in o.outputs)
         results["plain"].append({"tokens": toks, "seconds": dt, "tokens_per_s": toks / dt})
+        llm.llm_engine.engine_core.shutdown()  # its processes gone before the harvest starts
         del llm
         import gc
 

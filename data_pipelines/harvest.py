@@ -146,7 +146,8 @@ def _make_engine(cfg: HarvestConfig):
 
     eng = VLLMEngine(VLLMEngineConfig(model=cfg.model, dtype="auto", max_num_seqs=cfg.max_concurrency,
                                       kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), seed=cfg.seed,
-                                      stream_interval=cfg.stream_interval))
+                                      stream_interval=cfg.stream_interval, detokenize=False,
+                                      log_stats=False))
     return eng, sorted(eng.boundary_ids)
 
 
@@ -177,6 +178,14 @@ class _Run:
         from data_pipelines.prompts import build_prompt_ids
 
         return build_prompt_ids(question, self.tok)
+
+    def _text(self, t: dict) -> str:
+        """The trace's text: the engine's deltas, or one decode of its ids where the engine
+        does not detokenize (the harvest's own vLLM engine: cheaper than vLLM's per-token
+        detokenization)."""
+        if getattr(getattr(self.eng, "config", None), "detokenize", True) or self.tok is None:
+            return "".join(t["text"])
+        return self.tok.decode(t["ids"], skip_special_tokens=True)
 
     def run(self, work: list[tuple[int, list]], progress, on_chunk_done) -> None:
         """Sample every (chunk, questions) in ``work``; call ``on_chunk_done(chunk, rows)`` as each
@@ -227,7 +236,7 @@ class _Run:
                 t = live.pop(tid)
                 offs = sorted(t["states"])
                 states = np.stack([t["states"][o] for o in offs]) if offs else np.zeros((0, self.hidden_size), np.float32)
-                text = "".join(t["text"])
+                text = self._text(t)
                 answer, correct = grade(t["q"].answer, text) if t["finish"] != "error" else (None, False)
                 lps = t["lps"] + [0.0] * (len(t["ids"]) - len(t["lps"]))
                 cm, cn = _thought_confidence(lps, offs)

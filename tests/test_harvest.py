@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow.dataset as pads
 import pytest
 
@@ -135,3 +136,25 @@ def test_harvest_on_the_real_engine(tmp_path, engine):
         assert (t.conf_min <= 0).all() and (t.conf_min <= t.conf_mean + 1e-6).all()
         assert grade(t.gold, t.text) == (t.answer, t.correct)
         assert str(parse_question(t.question).answer) == t.gold
+
+
+@pytest.mark.slow
+def test_harvest_without_vllm_detokenization_gives_the_same_rows(tmp_path, engine):
+    """The harvest's own engine skips vLLM's per-token detokenization and decodes each trace
+    once at the end: same seeds, same token ids, same text and grades as with vLLM's text."""
+    import dataclasses
+
+    kw = dict(dataset="toy:train:4", n=4, questions_per_shard=4)
+    harvest(HarvestConfig(out=str(tmp_path / "a"), **kw), engine=engine)
+    cfg = engine.config
+    engine.config = dataclasses.replace(cfg, detokenize=False)
+    try:
+        harvest(HarvestConfig(out=str(tmp_path / "b"), **kw), engine=engine)
+    finally:
+        engine.config = cfg
+    a, b = list(iter_traces(tmp_path / "a")), list(iter_traces(tmp_path / "b"))
+    assert len(a) == len(b) == 16 and any(t.text for t in a)
+    for x, y in zip(a, b, strict=True):
+        assert (x.question_id, x.trace_index, x.token_ids) == (y.question_id, y.trace_index, y.token_ids)
+        assert x.text == y.text and (x.answer, x.correct) == (y.answer, y.correct)
+        np.testing.assert_allclose(x.conf_mean, y.conf_mean, atol=1e-6)
