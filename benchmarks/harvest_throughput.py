@@ -32,6 +32,7 @@ def main() -> None:
     from data_pipelines.harvest import DEFAULT_MODEL, HarvestConfig, harvest
     from data_pipelines.prompts import build_prompt_ids
     from data_pipelines.questions import load_questions
+    from gambit_search._vllm_internals import llm_workaround_kwargs
 
     model = a.model or DEFAULT_MODEL
     spec = f"toy:train:{a.questions}"
@@ -41,7 +42,8 @@ def main() -> None:
     results = {"plain": [], "harvest": []}
     for _ in range(a.repeats):
         llm = LLM(model=model, enforce_eager=True, block_size=32, max_num_seqs=a.max_concurrency,
-                  enable_prefix_caching=True, kv_cache_memory_bytes=1 << 30, seed=0)
+                  enable_prefix_caching=True, kv_cache_memory_bytes=1 << 30, seed=0,
+                  **llm_workaround_kwargs())  # the harvest's engine gets the same
         sp = SamplingParams(n=a.n, temperature=1.0, top_p=1.0, top_k=0, max_tokens=400, seed=0)
         t0 = time.time()
         outs = llm.generate(prompts, sp, use_tqdm=False)

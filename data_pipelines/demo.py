@@ -60,10 +60,10 @@ def run(cfg: DemoConfig) -> dict:
     tok = AutoTokenizer.from_pretrained(cfg.model)
     # An explicit KV size: vLLM-CPU otherwise reserves 92% of the NUMA node's memory and
     # refuses to start when anything else is running.
-    # Chunked prefill off: on vLLM-CPU 0.32 a seeded request whose prefill is split crashes the
-    # worker ("CPU Generator does not use offset"); the engine adapter turns it off on CPU too.
+    from gambit_search._vllm_internals import llm_workaround_kwargs
+
     llm = LLM(model=cfg.model, enforce_eager=True, seed=cfg.seed, enable_prefix_caching=True,
-              enable_chunked_prefill=False,
+              **llm_workaround_kwargs(),  # seeded requests on vLLM-CPU: no chunked prefill
               max_model_len=min(4096, getattr(tok, "model_max_length", 4096) or 4096),
               kv_cache_memory_bytes=cfg.kv_cache_gib << 30)
     sp = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens, seed=cfg.seed)

