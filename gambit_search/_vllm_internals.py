@@ -21,6 +21,9 @@ states during generation. This module adds them without patching vLLM's files:
     ``hidden_states[input_batch.logits_indices]`` with ``input_batch.req_ids``,
     ``input_batch.positions`` and ``input_batch.input_ids`` at the same indices.
 
+  With ``CaptureSpec.logprobs`` the rows' logits are read too, from the return value of
+  ``runner.model.compute_logits`` (wrapped in both runners; MRV2's ``sample`` calls it on
+  the unsharded path), before the sampler sees them (:class:`SampledLogprobs`).
   Both call sites run eagerly (outside CUDA graphs and torch.compile). Nothing is copied to
   the host inside the step: the gathered rows stay on the device until their data is known
   to be complete (at once on CPU; a CUDA event checked at the next step on GPU).
@@ -170,6 +173,9 @@ class CaptureSpec:
     """ZMQ address the driver PULLs rows from; None: rows wait for :meth:`RowCapture.drain`."""
     max_pending_steps: int = 8
     """Device-side steps kept before the oldest is filtered even if not known complete."""
+    logprobs: bool = False
+    """Also ship, for every Gambit row, the log-probability of its input token under the
+    previous step's raw logits (see :class:`SampledLogprobs`)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CaptureSpec:
@@ -182,7 +188,51 @@ class _Step:
     rows: torch.Tensor  # [n, d], device, model dtype
     pos: torch.Tensor  # [n] device
     tok: torch.Tensor  # [n] device
+    lp: torch.Tensor | None = None  # [n] device float32: log-prob of the input token (NaN: unknown)
     event: Any = None  # CUDA event recorded after the gathers (None: ready at once)
+
+
+class SampledLogprobs:
+    """The log-probability of each request's sampled tokens, from the logits the worker
+    already computes, without vLLM's per-request logprob path.
+
+    Each step, :meth:`step` keeps ``log_softmax(logits)`` of every row (one row per request:
+    the distribution its next token was sampled from) and returns, for each row, the entry
+    of the *previous* step's row of the same request at this row's input token, which is
+    the token sampled there. The value is vLLM's ``raw_logprobs`` (the model's logits before
+    temperature, penalties, top-k/top-p; ``logprobs_mode`` default) of that token, NaN where
+    the previous step did not see the request at the position before (a request's first
+    step, the step after a preemption or an evicted trace's revive, recomputed positions).
+    The last token of a request is never fed back, so its value is never produced.
+    One ``log_softmax`` over [n, vocab] and one gather per step, all on the device.
+    """
+
+    def __init__(self) -> None:
+        self._lsm: torch.Tensor | None = None  # [n_prev, V] float32
+        self._pos: torch.Tensor | None = None  # [n_prev] positions of the previous rows
+        self._index: dict[str, int] = {}  # request id -> row of the previous step
+
+    def step(self, req_ids: Sequence[str], positions: torch.Tensor, tokens: torch.Tensor,
+             logits: torch.Tensor) -> torch.Tensor:
+        """float32 [n]: log-prob of ``tokens[i]`` (the input token of row i, at
+        ``positions[i]``) as sampled at the previous step; NaN where unknown."""
+        n = len(req_ids)
+        dev = logits.device
+        lp = torch.full((n,), float("nan"), dtype=torch.float32, device=dev)
+        prev = self._index
+        src = [prev.get(r, -1) for r in req_ids]
+        if self._lsm is not None and any(s >= 0 for s in src):
+            src_t = torch.tensor(src, dtype=torch.long).to(dev, non_blocking=True)
+            ok = src_t >= 0
+            rows = src_t.clamp(min=0)
+            tok = tokens[:n].long().clamp(0, self._lsm.shape[1] - 1)
+            ok &= positions[:n].long() == self._pos.index_select(0, rows) + 1
+            ok &= tokens[:n].long() < self._lsm.shape[1]
+            lp = torch.where(ok, self._lsm[rows, tok], lp)
+        self._lsm = torch.log_softmax(logits[:n].float(), dim=-1)
+        self._pos = positions[:n].long().clone()
+        self._index = {r: i for i, r in enumerate(req_ids)}
+        return lp
 
 
 class RowCapture:
@@ -203,6 +253,7 @@ class RowCapture:
     def __init__(self, spec: CaptureSpec) -> None:
         self.spec = spec
         self._lut: np.ndarray | None = None
+        self._logprobs = SampledLogprobs()
         self._parsed: dict[str, ReqKey | None] = {}
         self._closed: dict[str, bool] = {}  # external id -> reasoning closed
         self._pending: list[_Step] = []
@@ -232,18 +283,20 @@ class RowCapture:
         rows: torch.Tensor,
         positions: torch.Tensor,
         tokens: torch.Tensor,
+        logits: torch.Tensor | None = None,
     ) -> None:
         """Record one step: row i of ``rows`` belongs to ``req_ids[i]`` at ``positions[i]``
-        whose input token is ``tokens[i]`` (all three tensors on the same device)."""
+        whose input token is ``tokens[i]`` (all tensors on the same device). ``logits`` (the
+        rows' logits, [n, vocab]) feeds the sampled-token log-probs when the spec asks."""
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            self._record(req_ids, rows, positions, tokens)
+            self._record(req_ids, rows, positions, tokens, logits)
         finally:
             self.seconds += time.perf_counter() - t0
             self.cpu_seconds += time.thread_time() - c0
 
     def _record(self, req_ids: Sequence[str], rows: torch.Tensor, positions: torch.Tensor,
-                tokens: torch.Tensor) -> None:
+                tokens: torch.Tensor, logits: torch.Tensor | None = None) -> None:
         n = len(req_ids)
         if n == 0:
             return
@@ -255,10 +308,17 @@ class RowCapture:
         if len(keep) == n:
             step = _Step(list(req_ids), rows[:n].detach().clone(), positions[:n].clone(),
                          tokens[:n].clone())
+            lg = logits[:n] if logits is not None else None
         else:
             idx = torch.tensor(keep, dtype=torch.long).to(rows.device, non_blocking=True)
             step = _Step([req_ids[i] for i in keep], rows.index_select(0, idx),
                          positions.index_select(0, idx), tokens.index_select(0, idx))
+            lg = logits.index_select(0, idx) if logits is not None else None
+        if self.spec.logprobs:
+            if lg is not None:
+                step.lp = self._logprobs.step(step.req_ids, step.pos, step.tok, lg)
+            else:  # a step without logits (stand-in runners): unknown
+                step.lp = torch.full((len(step.req_ids),), float("nan"), device=step.pos.device)
         step.event = self._make_event(step)
         self._pending.append(step)
         self._compact(block=len(self._pending) > self.spec.max_pending_steps)
@@ -336,6 +396,7 @@ class RowCapture:
             "ids": [keys[i].ext for i in sel.tolist()],
             "tok": tok[sel],
             "rows": rows,
+            "lp": None if st.lp is None else st.lp.to("cpu", dtype=torch.float32).numpy(),
         }, protocol=pickle.HIGHEST_PROTOCOL))
 
     # -- shipping ------------------------------------------------------------------------
@@ -406,13 +467,15 @@ class RowMessage(NamedTuple):
     """int64 [m]: input token of each kept row."""
     rows: np.ndarray
     """float32 [m, d]: the kept states."""
+    lp: np.ndarray | None = None
+    """float32 [n]: log-prob of every row's input token (NaN: unknown); None: not asked."""
 
 
 def decode_message(blob: bytes) -> RowMessage:
     """A pushed message."""
     d = pickle.loads(blob)
     return RowMessage(int(d["seq"]), d["trace"], d["inc"], d["pos"], d["keep"], d["ids"],
-                      d["tok"], d["rows"])
+                      d["tok"], d["rows"], d.get("lp"))
 
 
 def decode_rows(blob: bytes | None) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
@@ -439,7 +502,8 @@ def _runner_kind(runner: Any) -> str:
     raise RuntimeError(f"unknown vLLM model runner {type(runner).__qualname__}")
 
 
-def _capture_mrv1(runner: Any, rows: torch.Tensor, cap: RowCapture, state: dict) -> None:
+def _capture_mrv1(runner: Any, rows: torch.Tensor, cap: RowCapture, state: dict,
+                  logits: torch.Tensor | None = None) -> None:
     ib = runner.input_batch
     n = ib.num_reqs
     if rows.shape[0] != n:  # spec decode or prompt-logprob rows: not supported
@@ -450,11 +514,12 @@ def _capture_mrv1(runner: Any, rows: torch.Tensor, cap: RowCapture, state: dict)
         return
     qsl = runner.query_start_loc.gpu[1 : n + 1]
     idx = (qsl - 1).long()
-    cap.record(list(ib.req_ids[:n]), rows, runner.positions[idx], runner.input_ids.gpu[idx])
+    cap.record(list(ib.req_ids[:n]), rows, runner.positions[idx], runner.input_ids.gpu[idx],
+               logits)
 
 
 def _capture_mrv2(runner: Any, hidden: torch.Tensor, input_batch: Any, cap: RowCapture,
-                  state: dict) -> None:
+                  state: dict, logits: torch.Tensor | None = None) -> None:
     n = input_batch.num_reqs
     if n == 0:
         return
@@ -466,7 +531,7 @@ def _capture_mrv2(runner: Any, hidden: torch.Tensor, input_batch: Any, cap: RowC
         return
     idx = input_batch.logits_indices[:n]
     cap.record(list(input_batch.req_ids[:n]), hidden[idx], input_batch.positions[idx],
-               input_batch.input_ids[idx])
+               input_batch.input_ids[idx], logits)
 
 
 def install_capture(runner: Any, cap: RowCapture, kind: str | None = None) -> str:
@@ -492,13 +557,14 @@ def install_capture(runner: Any, cap: RowCapture, kind: str | None = None) -> st
                 state["armed"] = False
 
         def compute_logits(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            logits = orig_logits(hidden_states, *args, **kwargs)
             if state["armed"]:
                 state["armed"] = False
-                try:
-                    _capture_mrv1(runner, hidden_states, cap, state)
+                try:  # before the sampler: it may scale these logits in place
+                    _capture_mrv1(runner, hidden_states, cap, state, logits)
                 except Exception:  # never break generation for the capture
                     logger.exception("gambit capture failed (MRV1); step skipped")
-            return orig_logits(hidden_states, *args, **kwargs)
+            return logits
 
         saved["model"] = model
         saved["had_execute"] = "execute_model" in vars(runner)
@@ -509,17 +575,46 @@ def install_capture(runner: Any, cap: RowCapture, kind: str | None = None) -> st
         model.compute_logits = compute_logits
     elif kind == "mrv2":
         orig_sample = runner.sample
+        model = getattr(runner, "model", None)
+        # log-probs need the logits: ``sample`` computes them with ``self.model.compute_logits``
+        # (unsharded sampler); the sharded one (compute_logits_local) records rows without
+        orig_logits = getattr(model, "compute_logits", None) if cap.spec.logprobs else None
 
-        def sample(hidden_states: torch.Tensor, input_batch: Any, *args: Any, **kwargs: Any):
+        def capture(hidden: torch.Tensor, ib: Any, logits: torch.Tensor | None) -> None:
             try:
-                _capture_mrv2(runner, hidden_states, input_batch, cap, state)
+                _capture_mrv2(runner, hidden, ib, cap, state, logits)
             except Exception:
                 logger.exception("gambit capture failed (MRV2); step skipped")
-            return orig_sample(hidden_states, input_batch, *args, **kwargs)
+
+        def sample(hidden_states: torch.Tensor, input_batch: Any, *args: Any, **kwargs: Any):
+            if orig_logits is None:
+                capture(hidden_states, input_batch, None)
+                return orig_sample(hidden_states, input_batch, *args, **kwargs)
+            state["armed"], state["batch"] = True, (hidden_states, input_batch)
+            try:
+                return orig_sample(hidden_states, input_batch, *args, **kwargs)
+            finally:
+                if state["armed"]:  # compute_logits was not reached
+                    state["armed"] = False
+                    capture(hidden_states, input_batch, None)
+                state["batch"] = None
+
+        def compute_logits(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            logits = orig_logits(hidden_states, *args, **kwargs)
+            if state["armed"]:
+                state["armed"] = False
+                hidden, ib = state["batch"]
+                capture(hidden, ib, logits)
+            return logits
 
         saved["had_sample"] = "sample" in vars(runner)
         saved["orig_sample"] = orig_sample
         runner.sample = sample
+        if orig_logits is not None:
+            saved["model"] = model
+            saved["had_logits"] = "compute_logits" in vars(model)
+            saved["orig_logits"] = orig_logits
+            model.compute_logits = compute_logits
     else:
         raise ValueError(f"unknown runner kind {kind!r}")
     runner._gambit_saved = saved
@@ -545,6 +640,11 @@ def uninstall_capture(runner: Any) -> None:
             runner.sample = saved["orig_sample"]
         else:
             del runner.sample
+        if "orig_logits" in saved:
+            if saved["had_logits"]:
+                saved["model"].compute_logits = saved["orig_logits"]
+            else:
+                del saved["model"].compute_logits
     del runner._gambit_saved
 
 

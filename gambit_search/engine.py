@@ -316,6 +316,13 @@ class Engine(ABC):
         of its token budget and a new seed. Its first delta reports in
         ``num_cached_tokens`` how many of those tokens came from the prefix cache."""
 
+    @abstractmethod
+    def release(self, trace: TraceId) -> None:
+        """Forget a finished or aborted trace: its tokens, last boundary event and
+        log-probs. A run that adds traces without end (a harvest) keeps the engine's memory
+        bounded this way. Afterwards every method treats the id as unknown. Raises
+        :class:`EngineError` for a live trace (abort it first)."""
+
     # -- reading ----------------------------------------------------------------------------
     @abstractmethod
     def trace_info(self, trace: TraceId) -> TraceInfo:
@@ -329,6 +336,16 @@ class Engine(ABC):
     def last_boundary(self, trace: TraceId) -> BoundaryEvent | None:
         """The latest boundary event emitted for ``trace`` (None before the first). Raises
         :class:`EngineError` when capture is off or the trace is unknown."""
+
+    def sampled_logprobs(self, trace: TraceId) -> np.ndarray:
+        """float32 [len(output_ids)]: the log-probability of each delivered output token
+        under the model's unmodified distribution (raw logits: before temperature, top-k,
+        top-p; vLLM's default ``raw_logprobs``), NaN where the engine does not know it.
+        An engine may learn a token's value only once the token is fed back, so the last
+        token of a finished trace may be NaN; every token up to the last boundary event is
+        known. Cheaper than ``SamplingSpec.logprobs=0`` where the engine supports it (the
+        vLLM engine with ``sampled_logprobs=True``); raises :class:`EngineError` otherwise."""
+        raise EngineError(f"{type(self).__name__} does not record sampled log-probs")
 
     @abstractmethod
     def memory(self) -> MemorySnapshot:

@@ -145,6 +145,7 @@ class _FTrace:
     num_cached_tokens: int | None = None
     last_emitted: int = -1
     last_event: BoundaryEvent | None = None
+    lps: list[float] = field(default_factory=list)  # sampled log-prob per output token
 
 
 class _BlockPool:
@@ -355,6 +356,12 @@ class FakeEngine(Engine):
         t.status = TraceStatus.ABORTED
         t.finish_reason = "abort"
 
+    def release(self, trace: TraceId) -> None:
+        t = self._get(trace)
+        if t.status not in (TraceStatus.FINISHED, TraceStatus.ABORTED):
+            raise EngineError(f"cannot release trace {trace}: it is {t.status.value} (abort it first)")
+        del self._traces[trace]
+
     def evict(self, trace: TraceId) -> None:
         t = self._get(trace)
         if t.status is not TraceStatus.RUNNING:
@@ -504,8 +511,10 @@ class FakeEngine(Engine):
         elif req.generated >= req.max_tokens or len(req.seq) >= self.config.max_model_len:
             finish = "length"
         lps = None
+        sampled = self._fake_logprobs(req.seq, tok, spec.logprobs or 0)
+        t.lps.append(sampled.logprob)
         if spec.logprobs is not None:
-            lps = (self._fake_logprobs(req.seq, tok, spec.logprobs),)
+            lps = (sampled,)
         out.deltas.append(Delta(t.id, (tok,), self.decode([tok]), finish, lps, cached))
         if finish is not None:
             self._running.remove(req)
@@ -528,6 +537,10 @@ class FakeEngine(Engine):
 
     def trace_ids(self) -> list[TraceId]:
         return list(self._traces)
+
+    def sampled_logprobs(self, trace: TraceId) -> np.ndarray:
+        """Every token's (scripted) log-prob is known at once: no NaN."""
+        return np.asarray(self._get(trace).lps, dtype=np.float32)
 
     def last_boundary(self, trace: TraceId) -> BoundaryEvent | None:
         if not self.config.capture_hidden:

@@ -47,6 +47,7 @@ as one token; a prompt that already closed it captures nothing). ``stride=N`` ad
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 import zlib
@@ -141,6 +142,12 @@ class VLLMEngineConfig:
     carry no token strings; decode ``token_ids`` yourself (``engine.tokenizer.decode``). vLLM's
     per-token detokenization, the logprob tokens' above all, was the largest driver cost of a
     harvest (measured: 2.5 s of 12.7 s for 66,782 tokens)."""
+    sampled_logprobs: bool = False
+    """Record every output token's log-probability in the capture hook (one log_softmax and
+    gather per step in the worker) for :meth:`VLLMEngine.sampled_logprobs`: the cheap way to
+    the sampled token's log-prob. ``SamplingSpec.logprobs=0`` gets the same values through
+    vLLM's per-request logprob path, which cost a harvest 10-35 % of its throughput
+    (docs/BENCHMARKS.md). Needs ``capture_hidden``."""
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
     """Passed to ``vllm.LLM`` as is (overrides the above)."""
 
@@ -233,6 +240,8 @@ class _Trace:
     watermark: int = -1  # highest position the worker recorded for the current incarnation
     inc_limit: dict[int, int] = field(default_factory=dict)  # dropped incarnation -> output
     # length at the drop (its rows below that are still valid)
+    lps: list[float] = field(default_factory=list)  # sampled log-prob by output index (NaN:
+    # unknown); may run ahead of ``output`` (rows can arrive before their delta)
 
 
 class VLLMEngine(Engine):
@@ -252,6 +261,9 @@ class VLLMEngine(Engine):
             raise EngineError(f"stream_interval must be >= 1, got {config.stream_interval}")
         if config.capture_hidden and config.boundary_text is None and config.stride is None:
             raise EngineError("capture_hidden needs boundary_text or stride")
+        if config.sampled_logprobs and not config.capture_hidden:
+            raise EngineError("sampled_logprobs needs capture_hidden=True (the log-probs are "
+                              "read in the capture hook)")
         from transformers import AutoTokenizer
 
         tok_path = config.tokenizer or config.model
@@ -299,7 +311,7 @@ class VLLMEngine(Engine):
 
         return CaptureSpec(boundary_ids=self._boundary_ids, stride=self.config.stride,
                            think_start=self._think[0], think_end=self._think[1],
-                           sink=self._sink).__dict__
+                           sink=self._sink, logprobs=self.config.sampled_logprobs).__dict__
 
     def _start(self) -> None:
         """Start vLLM and install the capture; sets ``_llm``, ``_engine`` and the facts."""
@@ -527,6 +539,12 @@ class VLLMEngine(Engine):
         t.finish_reason = "abort"
         t.pending.clear()
 
+    def release(self, trace: TraceId) -> None:
+        t = self._get(trace)
+        if t.status not in (TraceStatus.FINISHED, TraceStatus.ABORTED):
+            raise EngineError(f"cannot release trace {trace}: it is {t.status.value} (abort it first)")
+        del self._traces[trace]
+
     def evict(self, trace: TraceId) -> None:
         t = self._get(trace)
         if t.status is not TraceStatus.RUNNING or trace in self._held:
@@ -718,6 +736,8 @@ class VLLMEngine(Engine):
             t = traces.get(tr)
             if t is not None and t.incarnation == ic and p > t.watermark:
                 t.watermark = p
+        if m.lp is not None:
+            self._apply_logprobs(m)
         touched: set[int] = set()
         for k, i in enumerate(m.keep.tolist()):
             tr, ic = int(m.trace[i]), int(m.inc[i])
@@ -733,6 +753,34 @@ class VLLMEngine(Engine):
             touched.add(tr)
         for tid in sorted(touched):
             out.boundaries.extend(self._flush_pending(traces[tid]))
+
+    def _apply_logprobs(self, m: Any) -> None:
+        """Store each row's input-token log-prob at its output index."""
+        traces = self._traces
+        known = ~np.isnan(m.lp)
+        for i in np.nonzero(known)[0].tolist():
+            t = traces.get(int(m.trace[i]))
+            if t is None or t.status is TraceStatus.ABORTED:
+                continue
+            ic = int(m.inc[i])
+            j = int(m.pos[i]) - len(t.prompt)
+            if j < 0 or (ic != t.incarnation and j >= t.inc_limit.get(ic, 0)):
+                continue  # a prompt token, or a dropped incarnation's token never delivered
+            lps = t.lps
+            if j >= len(lps):
+                lps.extend([math.nan] * (j + 1 - len(lps)))
+            lps[j] = float(m.lp[i])
+
+    def sampled_logprobs(self, trace: TraceId) -> np.ndarray:
+        if not self.config.sampled_logprobs:
+            raise EngineError("sampled log-probs were not recorded: start the engine with "
+                              "VLLMEngineConfig(sampled_logprobs=True)")
+        t = self._get(trace)
+        n = len(t.output)
+        out = np.full(n, np.nan, dtype=np.float32)
+        k = min(n, len(t.lps))
+        out[:k] = t.lps[:k]
+        return out
 
     def _flush_pending(self, t: _Trace) -> list[BoundaryEvent]:
         """Turn buffered rows whose token the driver has seen into events."""

@@ -31,6 +31,7 @@ def _toy_engine_config():
         block_size=32,
         kv_cache_memory_bytes=256 << 20,  # 2048 blocks of 32 tokens: 256 toy traces fit
         seed=0,
+        sampled_logprobs=True,  # the harvest's setting: every test runs the log-prob hook
     )
 
 

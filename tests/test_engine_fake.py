@@ -268,3 +268,20 @@ def test_fork_child_budget_and_logprobs():
     c = eng.fork(p, seed=5)
     eng.run_to_completion()
     assert len(eng.trace_info(c).output_ids) == 20 - 8  # the parent's remaining budget
+
+
+def test_sampled_logprobs_match_the_deltas_and_release_forgets_a_done_trace():
+    eng = FakeEngine(FakeEngineConfig(num_blocks=200))
+    t = eng.add_trace(prompts(1)[0], SamplingSpec(max_tokens=12, ignore_eos=True, logprobs=0))
+    got = []
+    while eng.has_unfinished():
+        with pytest.raises(EngineError, match="cannot release"):
+            eng.release(t)  # a live trace
+        got += [lp.logprob for d in eng.step().deltas for lp in d.logprobs]
+    lps = eng.sampled_logprobs(t)
+    assert lps.dtype == np.float32 and len(lps) == len(eng.trace_info(t).output_ids) == 12
+    np.testing.assert_allclose(lps, got, rtol=1e-6)
+    eng.release(t)
+    assert t not in eng.trace_ids()
+    with pytest.raises(EngineError, match="unknown trace"):
+        eng.trace_info(t)

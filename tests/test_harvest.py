@@ -119,8 +119,13 @@ def test_kill_9_then_rerun_finishes_every_question_exactly_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_harvest_on_the_real_engine(tmp_path, engine):
-    """The shipped toy policy through vLLM: graded rows with real boundary states."""
+def test_harvest_on_the_real_engine(tmp_path, engine, toy_hf_model, toy_tokenizer):
+    """The shipped toy policy through vLLM: graded rows with real boundary states and
+    thought confidences equal to transformers' log-probs of the sampled tokens."""
+    import torch
+
+    from data_pipelines.prompts import build_prompt_ids
+
     s = harvest(HarvestConfig(out=str(tmp_path / "h"), dataset="toy:train:8", n=4, questions_per_shard=4), engine=engine)
     assert s["traces"] == 32 and 0.1 < s["accuracy"] < 0.9
     m = read_manifest(tmp_path / "h")
@@ -136,6 +141,15 @@ def test_harvest_on_the_real_engine(tmp_path, engine):
         assert (t.conf_min <= 0).all() and (t.conf_min <= t.conf_mean + 1e-6).all()
         assert grade(t.gold, t.text) == (t.answer, t.correct)
         assert str(parse_question(t.question).answer) == t.gold
+    prompt = build_prompt_ids(t.question, toy_tokenizer)
+    with torch.no_grad():
+        logits = toy_hf_model(input_ids=torch.tensor([prompt + list(t.token_ids)])).logits[0]
+    ref = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1].gather(1, torch.tensor(t.token_ids)[:, None])[:, 0]
+    start = 0
+    for b, mean, low in zip(t.boundary_positions, t.conf_mean, t.conf_min, strict=True):
+        seg = ref[start : b + 1]
+        assert abs(mean - float(seg.mean())) <= 1e-3 and abs(low - float(seg.min())) <= 1e-3
+        start = b + 1
 
 
 @pytest.mark.slow

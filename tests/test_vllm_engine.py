@@ -707,3 +707,94 @@ def test_logprobs_zero_returns_the_sampled_token_only(engine, toy_tokenizer, toy
     for j, lp in enumerate(lps):
         assert lp.token_id == info.output_ids[j] and lp.top_logprobs == () and lp.top_ids == ()
         assert abs(lp.logprob - logp[len(info.prompt_ids) - 1 + j][lp.token_id]) <= 1e-3
+
+
+def test_sampled_logprobs_tracker_gathers_the_previous_steps_row():
+    """Unit: the value for row (r, p) is log_softmax(logits of r's row at p-1)[input token]."""
+    tr = vi.SampledLogprobs()
+    g = torch.Generator().manual_seed(0)
+    l0 = torch.randn(2, 7, generator=g)
+    first = tr.step(["a", "b"], torch.tensor([5, 9]), torch.tensor([1, 2]), l0)
+    assert torch.isnan(first).all()  # nothing before a request's first step
+    l1 = torch.randn(3, 7, generator=g)
+    # a: next position (known); c: new (unknown); b: a recomputed position (unknown)
+    got = tr.step(["c", "a", "b"], torch.tensor([3, 6, 9]), torch.tensor([0, 4, 6]), l1)
+    want_a = torch.log_softmax(l0[0], -1)[4]
+    assert torch.isnan(got[0]) and torch.isnan(got[2])
+    assert torch.allclose(got[1], want_a)
+    got = tr.step(["a"], torch.tensor([7]), torch.tensor([3]), torch.randn(1, 7, generator=g))
+    assert torch.allclose(got[0], torch.log_softmax(l1[1], -1)[3])
+
+
+def test_row_capture_ships_logprobs_only_when_asked():
+    ids = _ids(2)
+    l0 = torch.randn(2, 8)
+
+    def messages(logprobs: bool, second_logits: torch.Tensor | None):
+        cap = vi.RowCapture(vi.CaptureSpec(boundary_ids=[BOUNDARY], logprobs=logprobs))
+        cap.record(ids, torch.randn(2, 4), torch.tensor([10, 11]), torch.tensor([3, 3]), l0)
+        cap.record(ids, torch.randn(2, 4), torch.tensor([11, 12]), torch.tensor([5, BOUNDARY]),
+                   second_logits)
+        return [vi.decode_message(b) for b in cap.flush()[1]]  # no sink: all unsent
+
+    assert all(m.lp is None for m in messages(False, torch.randn(2, 8)))
+    first, second = messages(True, torch.randn(2, 8))
+    assert np.isnan(first.lp).all()  # nothing before a request's first step
+    want = torch.log_softmax(l0, -1)[[0, 1], [5, BOUNDARY]].numpy()
+    np.testing.assert_allclose(second.lp, want, rtol=1e-6)
+    # a step without logits (a stand-in runner) still ships its rows, log-probs unknown
+    first, second = messages(True, None)
+    assert np.isnan(second.lp).all() and len(second.keep) == 1
+
+
+@pytest.mark.slow
+def test_sampled_logprobs_equal_vllms_and_transformers(engine, toy_tokenizer, toy_hf_model):
+    """The hook's log-probs (what the harvest records) equal vLLM's ``logprobs=0`` values and
+    transformers' log_softmax, for plain, forked and evicted-then-revived traces."""
+    prompts = toy_prompts(toy_tokenizer, 2)
+    spec = SamplingSpec(temperature=1.0, top_p=1.0, top_k=0, max_tokens=80, logprobs=0)
+    engine.stream_interval = 4
+    try:
+        plain = engine.add_trace(prompts[0], spec, seed=11)
+        ev = engine.add_trace(prompts[1], spec, seed=12)
+        delta_lps: dict[int, list[float]] = {}
+
+        def step():
+            for d in engine.step().deltas:
+                delta_lps.setdefault(d.trace, []).extend(lp.logprob for lp in d.logprobs or ())
+
+        for _ in range(12):
+            step()
+        child = engine.fork(plain, seed=13)
+        engine.evict(ev)
+        step()
+        engine.revive(ev)
+        while engine.has_unfinished():
+            step()
+        engine.step()
+    finally:
+        engine.stream_interval = 1
+    for t in (plain, child, ev):
+        info = engine.trace_info(t)
+        got = engine.sampled_logprobs(t)
+        assert got.shape == (len(info.output_ids),) and got.dtype == np.float32
+        unknown = np.isnan(got)
+        # the last token is never fed back; a revive re-prefills one token of the old request
+        assert unknown.sum() <= (2 if t == ev else 1) and not unknown[: len(got) - 1].all()
+        seq = list(info.prompt_ids) + list(info.output_ids)
+        _, logits = hf_states(toy_hf_model, seq)
+        ref = torch.log_softmax(torch.tensor(logits), -1).numpy()
+        for j in np.nonzero(~unknown)[0]:
+            assert abs(got[j] - ref[len(info.prompt_ids) - 1 + j][info.output_ids[j]]) <= 1e-3
+        if t == plain:  # vLLM's own logprob path gives the same numbers (before the fork)
+            v = np.asarray(delta_lps[t], dtype=np.float32)
+            assert np.abs(got[~unknown] - v[~unknown]).max() <= 1e-4
+    engine.release(plain)
+    with pytest.raises(EngineError, match="unknown trace"):
+        engine.sampled_logprobs(plain)
+
+
+def test_sampled_logprobs_need_the_capture(tmp_path):
+    with pytest.raises(EngineError, match="capture_hidden"):
+        VLLMEngine(VLLMEngineConfig(model=str(TOY_POLICY), capture_hidden=False,
+                                    sampled_logprobs=True))
