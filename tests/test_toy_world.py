@@ -156,3 +156,25 @@ def test_policy_trainer_smoke(tmp_path):
     tok = AutoTokenizer.from_pretrained(out)
     assert model.config.vocab_size >= len(tok)
     assert tok.convert_tokens_to_ids(BOUNDARY) != tok.unk_token_id
+
+
+def test_char_roles_cover_every_character_of_sampled_traces():
+    from data_pipelines.toy.task import char_roles
+
+    for seed in range(50):
+        rng = random.Random(seed)
+        text = sample_trace(draw_question(rng), rng).text
+        roles = char_roles(text)
+        assert len(roles) == len(text) and "other" not in roles
+        # a check's verdict is its last two characters
+        for th, start in zip(text.split(BOUNDARY), _starts(text), strict=True):
+            if th.startswith("check"):
+                assert roles[start + len(th) - 2 : start + len(th)] == ["verdict"] * 2
+
+
+def _starts(text: str) -> list[int]:
+    out, k = [], 0
+    for th in text.split(BOUNDARY):
+        out.append(k)
+        k += len(th) + len(BOUNDARY)
+    return out
