@@ -3,7 +3,9 @@
 Same model, questions, n, sampling and concurrency. Plain: ``vllm.LLM.generate`` with
 ``SamplingParams(n=...)``. Harvest: ``data_pipelines.harvest`` through the engine adapter
 (boundary hidden-state capture, per-token log-probs, grading, parquet writing). Reports
-generated tokens/s of each and their ratio (goal >= 0.9).
+generated tokens/s of each and their ratio (goal >= 0.9): the ratio of the medians and the
+median of the per-repetition ratios. Repetitions alternate which runs first (plain, harvest;
+then harvest, plain; ...) so drift of a shared machine hits both alike.
 
     .venv/bin/python benchmarks/harvest_throughput.py --questions 64 --n 16
 """
@@ -40,7 +42,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(model)
     prompts = [TokensPrompt(prompt_token_ids=build_prompt_ids(q.question, tok)) for q in qs]
     results = {"plain": [], "harvest": []}
-    for _ in range(a.repeats):
+
+    def run_plain() -> None:
         llm = LLM(model=model, enforce_eager=True, block_size=32, max_num_seqs=a.max_concurrency,
                   enable_prefix_caching=True, kv_cache_memory_bytes=1 << 30, seed=0,
                   **llm_workaround_kwargs())  # the harvest's engine gets the same
@@ -55,6 +58,8 @@ def main() -> None:
         import gc
 
         gc.collect()
+
+    def run_harvest() -> None:
         out = tempfile.mkdtemp(prefix="gambit-bench-")
         try:
             t0 = time.time()
@@ -66,11 +71,18 @@ def main() -> None:
                                        "seconds_incl_startup": time.time() - t0})
         finally:
             shutil.rmtree(out, ignore_errors=True)
+
+    for r in range(a.repeats):
+        for fn in (run_plain, run_harvest) if r % 2 == 0 else (run_harvest, run_plain):
+            fn()
     import statistics
 
     plain = statistics.median(r["tokens_per_s"] for r in results["plain"])
     harv = statistics.median(r["tokens_per_s"] for r in results["harvest"])
     results["ratio_harvest_over_plain"] = harv / plain
+    pairs = [h["tokens_per_s"] / p["tokens_per_s"] for p, h in zip(results["plain"], results["harvest"], strict=True)]
+    results["ratio_per_repetition"] = pairs
+    results["median_ratio_per_repetition"] = statistics.median(pairs)
     print(json.dumps(results, indent=1))
 
 

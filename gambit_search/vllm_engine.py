@@ -756,20 +756,22 @@ class VLLMEngine(Engine):
 
     def _apply_logprobs(self, m: Any) -> None:
         """Store each row's input-token log-prob at its output index."""
+        known = np.flatnonzero(~np.isnan(m.lp))
+        if not len(known):
+            return
         traces = self._traces
-        known = ~np.isnan(m.lp)
-        for i in np.nonzero(known)[0].tolist():
-            t = traces.get(int(m.trace[i]))
+        for tr, ic, p, v in zip(m.trace[known].tolist(), m.inc[known].tolist(),
+                                m.pos[known].tolist(), m.lp[known].tolist(), strict=True):
+            t = traces.get(tr)
             if t is None or t.status is TraceStatus.ABORTED:
                 continue
-            ic = int(m.inc[i])
-            j = int(m.pos[i]) - len(t.prompt)
+            j = p - len(t.prompt)
             if j < 0 or (ic != t.incarnation and j >= t.inc_limit.get(ic, 0)):
                 continue  # a prompt token, or a dropped incarnation's token never delivered
             lps = t.lps
             if j >= len(lps):
                 lps.extend([math.nan] * (j + 1 - len(lps)))
-            lps[j] = float(m.lp[i])
+            lps[j] = v
 
     def sampled_logprobs(self, trace: TraceId) -> np.ndarray:
         if not self.config.sampled_logprobs:

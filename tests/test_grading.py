@@ -298,3 +298,14 @@ def test_integers_share_a_bin_iff_equal(n: int, m: int) -> None:
     j = bins.add(str(m))
     assert (i == j) == (n == m)
     assert is_equivalent(str(n), str(m)) == (n == m)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(-10**6, 10**6), st.integers(-10**6, 10**6), st.sampled_from(["", "0", "+"]))
+def test_integer_fast_path_agrees_with_math_verify(a, b, prefix):
+    """Plain integers skip math-verify's parse; its verdict must be the same."""
+    from gambit_search.grading import _verify_cached
+
+    pa = str(a) if prefix == "" or a < 0 else prefix + str(a)
+    for g, p in ((pa, str(b)), (pa, str(a))):
+        assert is_equivalent(g, p) == (g == p or _verify_cached(g, p, True)) == (int(g) == int(p))
