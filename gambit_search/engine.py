@@ -18,6 +18,9 @@ generated so far. Its life::
                             ▼  │
                           EVICTED (a ghost: tokens kept, no KV, generates nothing)
 
+A FINISHED or ABORTED trace stays readable until :meth:`Engine.release` forgets it (long
+runs release what they have read, so the engine's memory stays bounded).
+
 Driving loop::
 
     eng = VLLMEngine(VLLMEngineConfig(model="checkpoints/toy-policy"))
