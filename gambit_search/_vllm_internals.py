@@ -204,7 +204,10 @@ class SampledLogprobs:
     the previous step did not see the request at the position before (a request's first
     step, the step after a preemption or an evicted trace's revive, recomputed positions).
     The last token of a request is never fed back, so its value is never produced.
-    One ``log_softmax`` over [n, vocab] and one gather per step, all on the device.
+    One ``log_softmax`` over [n, vocab] and one gather per step, all on the device; one
+    step's [n, vocab] float32 is kept (n=256, vocab=152k: 156 MB). Logits are read as
+    ``compute_logits`` returns them, before a structured-output grammar mask (vLLM's raw
+    log-probs of a grammar-constrained request see the mask; Gambit does not use grammars).
     """
 
     def __init__(self) -> None:
