@@ -405,6 +405,9 @@ def _verify_cached(gold: str, pred: str, main_thread: bool) -> bool:
             return False
 
 
+_INT = re.compile(r"[+-]?[0-9]+")
+
+
 def is_equivalent(gold: str, pred: str) -> bool:
     """True when math-verify judges ``pred`` equal to ``gold`` (gold first, as verify wants).
 
@@ -425,8 +428,6 @@ def is_equivalent(gold: str, pred: str) -> bool:
         return int(g) == int(p)
     return _verify_cached(g, p, _in_main_thread())
 
-
-_INT = re.compile(r"[+-]?[0-9]+")
 
 
 def grade(gold: str, completion: str) -> tuple[str | None, bool]:

@@ -795,7 +795,7 @@ def test_sampled_logprobs_equal_vllms_and_transformers(engine, toy_tokenizer, to
         engine.sampled_logprobs(plain)
 
 
-def test_sampled_logprobs_need_the_capture(tmp_path):
+def test_sampled_logprobs_need_the_capture():
     with pytest.raises(EngineError, match="capture_hidden"):
         VLLMEngine(VLLMEngineConfig(model=str(TOY_POLICY), capture_hidden=False,
                                     sampled_logprobs=True))

@@ -233,15 +233,15 @@ def reference_trace(q: ToyQuestion) -> str:
 
 
 _STEP_ROLES = ["val_copy"] * 2 + ["op_sign", "op_digit", "eq", "res10", "res1"]
-_CHECK = re.compile(r"(check )(\d\d[+-]\d=)(\d\d)(.*)( )(ok|no)")
+_CHECK = re.compile(r"(check )(\d\d[+-]\d=)(\d\d) (ok|no)")
 
 
 def char_roles(trace: str) -> list[str]:
     """The role of every character of a trace in this world's format (a thought boundary is
     two characters, role ``boundary``): ``val_copy``, ``op_sign``, ``op_digit``, ``eq``,
     ``res10`` (the tens digit: where slips happen), ``res1`` in a step; ``chk_lit``,
-    ``chk_copy``, ``chk_back``, ``chk_vs``, ``verdict`` in a check; ``boxed``. Used to weight
-    the training loss and to see which sub-skill a model lacks (scripts/toy_token_loss.py)."""
+    ``chk_copy``, ``chk_back``, ``verdict`` in a check; ``boxed``. Shows which sub-skill a
+    model lacks (scripts/toy_token_loss.py)."""
     out: list[str] = []
     for k, th in enumerate(trace.split("\n\n")):
         if k:
@@ -249,7 +249,7 @@ def char_roles(trace: str) -> list[str]:
         m = _CHECK.fullmatch(th) if th.startswith("check") else None
         if m:
             out += ["chk_lit"] * len(m.group(1)) + ["chk_copy"] * len(m.group(2)) + ["chk_back"] * 2
-            out += ["chk_vs"] * len(m.group(4)) + ["chk_lit"] + ["verdict"] * 2
+            out += ["chk_lit"] + ["verdict"] * 2
         elif th.startswith("\\boxed"):
             out += ["boxed"] * len(th)
         else:
