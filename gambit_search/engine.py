@@ -295,11 +295,13 @@ class Engine(ABC):
         temperature_multiplier: float = 1.0,
         seed: int | None = None,
         max_tokens: int | None = None,
+        at: int | None = None,
     ) -> TraceId:
-        """A new trace whose prompt is ``parent``'s prompt + output so far, sampled with the
-        parent's spec at ``temperature * temperature_multiplier`` and a fresh ``seed``. Its
-        ``max_tokens`` defaults to what the parent has left, so the total length from the
-        parent's prompt stays within the parent's budget. The parent must be running or
+        """A new trace whose prompt is ``parent``'s prompt + output so far (or its first
+        ``at`` output tokens: a branch at an earlier point, e.g. the last scored boundary),
+        sampled with the parent's spec at ``temperature * temperature_multiplier`` and a
+        fresh ``seed``. Its ``max_tokens`` defaults to what the parent had left at the branch
+        point, so the total length from the parent's prompt stays within the parent's budget. The parent must be running or
         evicted and keeps running; the child reuses the parent's KV blocks through the prefix
         cache (at most one block is recomputed)."""
 

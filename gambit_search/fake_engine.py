@@ -332,17 +332,22 @@ class FakeEngine(Engine):
         return t.id
 
     def fork(self, parent: TraceId, temperature_multiplier: float = 1.0,
-             seed: int | None = None, max_tokens: int | None = None) -> TraceId:
+             seed: int | None = None, max_tokens: int | None = None,
+             at: int | None = None) -> TraceId:
         p = self._get(parent)
         if p.status not in (TraceStatus.RUNNING, TraceStatus.EVICTED):
             raise EngineError(f"cannot fork trace {parent}: it is {p.status.value}")
         if temperature_multiplier < 0:
             raise EngineError(f"temperature_multiplier must be >= 0, got "
                               f"{temperature_multiplier}")
-        budget = p.spec.max_tokens - len(p.output) if max_tokens is None else int(max_tokens)
+        cut = len(p.output) if at is None else int(at)
+        if not 0 <= cut <= len(p.output):
+            raise EngineError(f"cannot fork trace {parent} at output token {cut}: it has "
+                              f"{len(p.output)}")
+        budget = p.spec.max_tokens - cut if max_tokens is None else int(max_tokens)
         spec = replace(p.spec, temperature=p.spec.temperature * temperature_multiplier,
                        max_tokens=max(1, budget))
-        c = self._new(p.prompt + p.output, spec, seed, parent)
+        c = self._new(p.prompt + p.output[:cut], spec, seed, parent)
         self._submit(c, budget)
         return c.id
 

@@ -512,7 +512,8 @@ class VLLMEngine(Engine):
         return t.id
 
     def fork(self, parent: TraceId, temperature_multiplier: float = 1.0,
-             seed: int | None = None, max_tokens: int | None = None) -> TraceId:
+             seed: int | None = None, max_tokens: int | None = None,
+             at: int | None = None) -> TraceId:
         self._check_open()
         p = self._get(parent)
         if p.status not in (TraceStatus.RUNNING, TraceStatus.EVICTED) or parent in self._held:
@@ -520,11 +521,15 @@ class VLLMEngine(Engine):
         if temperature_multiplier < 0:
             raise EngineError(f"temperature_multiplier must be >= 0, got "
                               f"{temperature_multiplier}")
-        left = p.spec.max_tokens - len(p.output)
+        cut = len(p.output) if at is None else int(at)
+        if not 0 <= cut <= len(p.output):
+            raise EngineError(f"cannot fork trace {parent} at output token {cut}: it has "
+                              f"{len(p.output)}")
+        left = p.spec.max_tokens - cut
         budget = left if max_tokens is None else int(max_tokens)
         spec = replace(p.spec, temperature=p.spec.temperature * temperature_multiplier,
                        max_tokens=max(1, budget))
-        child = self._new_trace(p.prompt + p.output, spec, seed, parent)
+        child = self._new_trace(p.prompt + p.output[:cut], spec, seed, parent)
         self._submit(child, budget)
         return child.id
 
