@@ -40,12 +40,38 @@ class DemoConfig:
     """KV-cache size in GiB."""
 
 
+class DemoInputError(Exception):
+    """Bad input (missing model path, unreadable dataset): ``main`` prints it as one line
+    ``gambit-demo: error: ...`` and exits with status 2."""
+
+
+def grade_question(gold: str, texts: list[str]) -> tuple[int, str | None, bool]:
+    """(traces right, majority answer, whether it is right) for one question's completions.
+
+    Each completion is graded by its last boxed answer (math-verify equivalence); the vote
+    pools equivalent answers ("1/2", "0.5") in one bin, as gambit-harvest's summary does
+    (``data_pipelines.harvest.majority_correct``)."""
+    from data_pipelines.harvest import majority_correct
+    from gambit_search.grading import grade
+
+    graded = [grade(gold, t) for t in texts]
+    ok = [c for _, c in graded]
+    winner, won = majority_correct([a for a, _ in graded], ok)
+    return sum(ok), winner, won
+
+
 def run(cfg: DemoConfig) -> dict:
-    """Sample, grade and summarise; returns the summary numbers."""
+    """Sample, grade and summarise; returns the summary numbers. Bad input: :class:`DemoInputError`."""
     import os
 
-    if not os.path.exists(cfg.model) and cfg.model.startswith((".", "/")):
-        raise SystemExit(f"gambit-demo: model path {cfg.model} does not exist")
+    if cfg.model.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(cfg.model)):
+        raise DemoInputError(f"model path {cfg.model} does not exist")
+    from data_pipelines.questions import DatasetError, load_questions
+
+    try:  # before the heavy imports: a typo in --dataset fails at once
+        questions = load_questions(cfg.dataset)
+    except (DatasetError, OSError, ValueError) as e:
+        raise DemoInputError(f"cannot read dataset {cfg.dataset!r}: {e}") from None
 
     from rich.console import Console
     from rich.table import Table
@@ -53,10 +79,7 @@ def run(cfg: DemoConfig) -> dict:
     from vllm import LLM, SamplingParams, TokensPrompt
 
     from data_pipelines.prompts import build_prompt_ids
-    from data_pipelines.questions import load_questions
-    from gambit_search.grading import VoteBins, grade
 
-    questions = load_questions(cfg.dataset)
     tok = AutoTokenizer.from_pretrained(cfg.model)
     # An explicit KV size: vLLM-CPU otherwise reserves 92% of the NUMA node's memory and
     # refuses to start when anything else is running.
@@ -75,12 +98,8 @@ def run(cfg: DemoConfig) -> dict:
         table.add_column(col)
     acc = pas = maj = tokens = 0
     for q, o in zip(questions, outs, strict=True):
-        graded = [grade(q.answer, c.text) for c in o.outputs]
+        right, winner, won = grade_question(q.answer, [c.text for c in o.outputs])
         tokens += sum(len(c.token_ids) for c in o.outputs)
-        right = sum(ok for _, ok in graded)
-        bins = VoteBins([a for a, _ in graded if a is not None])
-        winner = bins.winner()
-        won = winner is not None and grade(q.answer, f"\\boxed{{{winner}}}")[1]
         acc += right / cfg.n
         pas += right > 0
         maj += won
@@ -99,7 +118,11 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(prog="gambit-demo", description=__doc__.split("\n\n")[0])
     add_dataclass_args(p, DemoConfig)
-    run(DemoConfig(**vars(p.parse_args(argv))))
+    cfg = DemoConfig(**vars(p.parse_args(argv)))
+    try:
+        run(cfg)
+    except DemoInputError as e:
+        p.exit(2, f"gambit-demo: error: {e}\n")
 
 
 if __name__ == "__main__":

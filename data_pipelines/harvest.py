@@ -25,9 +25,11 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,11 +38,12 @@ CONFIG_NAME = "harvest_config.json"
 
 
 class HarvestInputError(SystemExit):
-    """Bad input: a one-line message, exit status 2."""
+    """Bad input. ``main`` prints ``gambit-harvest: error: <message>`` (one line) on stderr and
+    exits with status 2; uncaught elsewhere, Python prints the same line and exits with 1."""
 
     def __init__(self, msg: str):
-        super().__init__(f"gambit-harvest: error: {msg}")
-        self.code = 2
+        self.message = re.sub(r"\s*[\r\n]+\s*", " ", str(msg)).strip()  # one line
+        super().__init__(f"gambit-harvest: error: {self.message}")
 
 
 @dataclass
@@ -301,6 +304,26 @@ def _check_config(out: Path, cfg: HarvestConfig, ident: dict) -> None:
         os.replace(tmp, path)
 
 
+def majority_correct(answers: Sequence[str | None], correct: Sequence[bool]) -> tuple[str | None, bool]:
+    """The majority answer of one question's traces and whether it is right.
+
+    The vote pools answers over math-verify equivalence bins
+    (:func:`gambit_search.grading.majority_vote`: "1/2", "0.5" and "\\frac{1}{2}" are one
+    answer; None and empty answers do not vote). The winner is its bin's representative,
+    itself one trace's answer, so its correctness is that trace's graded ``correct``: no
+    second grading, and a majority verdict never disagrees with the per-trace grade of the
+    answer it outputs. ``(None, False)`` when no trace has an answer.
+    """
+    from gambit_search.grading import majority_vote
+
+    if len(answers) != len(correct):
+        raise ValueError(f"{len(answers)} answers but {len(correct)} verdicts")
+    winner = majority_vote(answers)
+    if winner is None:
+        return None, False
+    return winner, bool(next(c for a, c in zip(answers, correct, strict=True) if a == winner))
+
+
 def summarize(out: Path) -> dict:
     """Accuracy, pass@n, majority@n, tokens and boundaries per trace over the shards present."""
     import pyarrow.dataset as pads
@@ -313,12 +336,7 @@ def summarize(out: Path) -> dict:
     by_q: dict[str, list] = {}
     for qid, a, c in zip(d["question_id"], d["answer"], d["correct"], strict=True):
         by_q.setdefault(qid, []).append((a, c))
-    maj = 0
-    for rows in by_q.values():
-        votes = Counter(a for a, _ in rows if a is not None)
-        if votes:
-            top = votes.most_common(1)[0][0]
-            maj += any(c for a, c in rows if a == top)
+    maj = sum(majority_correct([a for a, _ in rows], [c for _, c in rows])[1] for rows in by_q.values())
     n = len(d["correct"])
     return {
         "questions": len(by_q), "traces": n, "accuracy": sum(d["correct"]) / n,
@@ -338,6 +356,13 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
     from data_pipelines.questions import DatasetError, load_questions
 
     shard_i, shard_n = cfg.shard_index()
+    if cfg.engine not in ("vllm", "fake"):
+        raise HarvestInputError(f"--engine must be 'vllm' or 'fake', got {cfg.engine!r}")
+    for name in ("n", "questions_per_shard", "max_concurrency", "max_tokens"):
+        if getattr(cfg, name) < 1:
+            raise HarvestInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+    if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
+        raise HarvestInputError(f"--out {cfg.out} exists and is not a directory")
     if cfg.engine == "vllm" and cfg.model.startswith((".", "/", "~")) and not Path(cfg.model).expanduser().is_dir():
         raise HarvestInputError(f"model path {cfg.model} does not exist")
     try:
@@ -436,7 +461,10 @@ def main(argv: list[str] | None = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     add_dataclass_args(p, HarvestConfig, required=("out",), skip=("fields_for_fingerprint",))
     a = p.parse_args(argv)
-    harvest(HarvestConfig(**vars(a)))
+    try:
+        harvest(HarvestConfig(**vars(a)))
+    except HarvestInputError as e:
+        p.exit(2, f"{p.prog}: error: {e.message}\n")
 
 
 if __name__ == "__main__":

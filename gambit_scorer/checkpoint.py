@@ -26,7 +26,8 @@ shapes, cross-checked against ``model_config``.
 
 Runtime API (:class:`LoadedScorer`)::
 
-    s = load_scorer("ckpt.pt", expected_hidden_size=model_hidden_size)
+    s = load_scorer("ckpt.pt", expected_hidden_size=model_hidden_size,
+                    expected_boundary_token_ids=engine_boundary_ids)
     s.features                      # what to feed per step
     h = s.init_history()            # per trace; immutable, so a branch may share its parent's
     h, score = s.append(h, hidden_state, conf_mean=..., conf_min=...)   # score = trace score
@@ -39,7 +40,8 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 import re
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,12 +64,27 @@ FORMAT = "gambit-scorer"
 FORMAT_VERSION = 1
 
 
+def _one_line(text: str) -> str:
+    """``text`` on one line: line breaks (and the whitespace around them) and ANSI colour codes removed."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(text))
+    return re.sub(r"\s*[\r\n]+\s*", " ", text).strip()
+
+
 class ScorerLoadError(ValueError):
-    """A scorer checkpoint cannot be used (the message says why and what to do)."""
+    """A scorer checkpoint cannot be used (the message says why and what to do).
+
+    The message is always one line (line breaks in it are replaced by spaces)."""
+
+    def __init__(self, message: str):
+        super().__init__(_one_line(message))
 
 
 class HiddenSizeMismatchError(ScorerLoadError):
     """The scorer was trained on another policy model's hidden size."""
+
+
+class BoundaryTokenMismatchError(ScorerLoadError):
+    """The scorer was trained on hidden states at another tokenizer's boundary tokens."""
 
 
 # ----------------------------------------------------------------------------- saving
@@ -322,7 +339,10 @@ _IGNORED_KEY = re.compile(r"(^|\.)(inv_freq|cos_cached|sin_cached|rotary_emb\.[^
 
 def _state_dict_of(obj: Any, source: str) -> tuple[dict[str, Tensor], dict, dict]:
     if not isinstance(obj, dict):
-        raise ScorerLoadError(f"{source}: expected a dict checkpoint, got {type(obj).__name__}")
+        raise ScorerLoadError(
+            f"{source}: holds a {type(obj).__name__}, not a checkpoint dict "
+            "(expected {'model_state_dict': ..., 'model_config': ...})"
+        )
     if "model_state_dict" in obj:
         sd = obj["model_state_dict"]
     elif "state_dict" in obj:
@@ -331,8 +351,22 @@ def _state_dict_of(obj: Any, source: str) -> tuple[dict[str, Tensor], dict, dict
         sd = obj  # a bare state dict
     else:
         raise ScorerLoadError(
-            f"{source}: no 'model_state_dict' in the checkpoint (keys: {sorted(obj)[:10]})"
+            f"{source}: no 'model_state_dict' in the checkpoint (keys: {sorted(map(str, obj))[:10]})"
         )
+    if not isinstance(sd, dict):
+        raise ScorerLoadError(
+            f"{source}: the checkpoint's state dict is a {type(sd).__name__}, expected a dict of tensors"
+        )
+    bad = next(((k, v) for k, v in sd.items() if not (isinstance(k, str) and isinstance(v, Tensor))), None)
+    if bad is not None:
+        raise ScorerLoadError(
+            f"{source}: the state dict entry {bad[0]!r} is a {type(bad[1]).__name__}, expected a tensor"
+        )
+    for key in ("model_config", "gambit"):
+        if obj.get(key) is not None and not isinstance(obj[key], dict):
+            raise ScorerLoadError(
+                f"{source}: the checkpoint's {key!r} is a {type(obj[key]).__name__}, expected a dict"
+            )
     sd = {k: v for k, v in sd.items() if not _IGNORED_KEY.search(k)}
     for prefix in ("module.", "_orig_mod.", "model."):  # DDP, torch.compile, Lightning wrappers
         if sd and all(k.startswith(prefix) for k in sd):
@@ -366,35 +400,59 @@ def _build_seq(sd: dict[str, Tensor], mc: dict, source: str) -> SeqScorer:
     d_model, input_size = w_in.shape
     inferred = {"d_model": d_model, "num_layers": n_layers, "dim_feedforward": dim_ff}
     for k, v in inferred.items():
-        if k in mc and int(mc[k]) != int(v):
+        if k in mc and _int_or_none(mc[k]) != int(v):
             raise ScorerLoadError(
-                f"{source}: model_config says {k}={mc[k]} but the weights have {k}={v}"
+                f"{source}: model_config says {k}={mc[k]!r} but the weights have {k}={v}"
             )
-    nhead = int(mc.get("nhead", 4))
+    if "nhead" not in mc:
+        # the fused qkv Linear(d_model, 3*d_model) looks the same for any head count
+        raise ScorerLoadError(
+            f"{source}: model_config has no 'nhead' (the head count cannot be inferred from the "
+            "weights); add it to the checkpoint's model_config (e.g. ckpt['model_config']['nhead'] = 4 "
+            "for a reference scorer trained with 4 heads) and save it again"
+        )
+    nhead = _int_or_none(mc["nhead"])
+    if nhead is None or nhead < 1:
+        raise ScorerLoadError(f"{source}: model_config has nhead={mc['nhead']!r}, expected a positive integer")
     if d_model % nhead:
         raise ScorerLoadError(f"{source}: d_model={d_model} is not divisible by nhead={nhead}")
-    return SeqScorer(
-        input_size,
-        d_model=d_model,
-        nhead=nhead,
-        num_layers=n_layers,
-        dim_feedforward=dim_ff,
-        max_len=int(mc.get("max_len", 4096)),
-        rope_base=float(mc.get("rope_base", 10000.0)),
-        dropout=0.0,
-        attn_out_bias="layers.0.attn.out_proj.bias" in sd,
-        ffn_bias="layers.0.ffn.gate.bias" in sd,
-    )
+    try:
+        return SeqScorer(
+            input_size,
+            d_model=d_model,
+            nhead=nhead,
+            num_layers=n_layers,
+            dim_feedforward=dim_ff,
+            max_len=int(mc.get("max_len", 4096)),
+            rope_base=float(mc.get("rope_base", 10000.0)),
+            dropout=0.0,
+            attn_out_bias="layers.0.attn.out_proj.bias" in sd,
+            ffn_bias="layers.0.ffn.gate.bias" in sd,
+        )
+    except (TypeError, ValueError) as e:  # e.g. an odd head size for RoPE, a non-numeric max_len
+        raise ScorerLoadError(f"{source}: cannot build the sequence scorer its model_config describes: {e}") from e
+
+
+def _int_or_none(x: Any) -> int | None:
+    """``x`` as an int when it is an integer value (3, 3.0, "3"), else None."""
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if f.is_integer() else None
 
 
 def scorer_from_checkpoint(
     obj: Any,
     *,
     expected_hidden_size: int | None = None,
+    expected_boundary_token_ids: Iterable[int] | None = None,
     source: str = "<checkpoint>",
     device: str | torch.device = "cpu",
 ) -> LoadedScorer:
-    """Build a LoadedScorer from a checkpoint dict (ours or a reference one)."""
+    """Build a LoadedScorer from a checkpoint dict (ours or a reference one).
+
+    ``expected_hidden_size`` / ``expected_boundary_token_ids``: see :func:`load_scorer`."""
     sd, mc, meta = _state_dict_of(obj, source)
     if meta.get("arch") in ("mlp", "seq"):
         kind = meta["arch"]
@@ -411,8 +469,11 @@ def scorer_from_checkpoint(
     try:
         model.load_state_dict(sd, strict=True)
     except RuntimeError as e:
+        detail = _one_line(e)
+        if len(detail) > 500:
+            detail = detail[:500] + " ..."
         raise ScorerLoadError(
-            f"{source}: weights do not fit the {kind} scorer they describe: {e}"
+            f"{source}: weights do not fit the {kind} scorer they describe: {detail}"
         ) from e
     model.eval().requires_grad_(False).to(device)
 
@@ -431,6 +492,22 @@ def scorer_from_checkpoint(
             f"but the policy model has hidden size {expected_hidden_size}: use a scorer trained on a "
             "harvest of this policy model (gambit-train data.harvest=<its harvest>)"
         )
+    recorded = meta.get("boundary_token_ids")
+    if expected_boundary_token_ids is not None and recorded is not None:
+        want = sorted({int(t) for t in expected_boundary_token_ids})
+        if not isinstance(recorded, list) or not all(_int_or_none(t) is not None for t in recorded):
+            raise ScorerLoadError(
+                f"{source}: the checkpoint's gambit.boundary_token_ids is {recorded!r}, expected a list of ints"
+            )
+        have = sorted({int(t) for t in recorded})
+        if want != have:
+            trained_on = meta.get("policy_model") or "an unrecorded policy model"
+            raise BoundaryTokenMismatchError(
+                f"scorer {source} was trained on hidden states at boundary token ids {have} "
+                f"({trained_on}), but the policy's tokenizer has boundary token ids {want}: the "
+                "scorer was trained on another tokenizer's boundaries; use a scorer trained on a "
+                "harvest of this policy model (gambit-train data.harvest=<its harvest>)"
+            )
     conf_norm = meta.get("conf_norm")
     if n_extra and conf_norm is None:
         raise ScorerLoadError(
@@ -450,23 +527,72 @@ def scorer_from_checkpoint(
     )
 
 
+def _first_line(e: BaseException, limit: int = 200) -> str:
+    """The informative first sentence of a torch.load error (its type when it has no text)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    # weights_only failures open with paragraphs of advice; the cause follows this marker
+    m = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
+    line = m.group(1) if m else next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    line = re.split(r"(?<=\.)\s", line, maxsplit=1)[0]
+    if len(line) > limit:
+        line = line[:limit] + " ..."
+    return f"{type(e).__name__}: {line}" if line else type(e).__name__
+
+
+def _unreadable(path: Path, e: BaseException) -> str:
+    """One line saying why ``path`` is not a loadable checkpoint."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as oe:  # e.g. no permission to read it
+        return f"{path}: cannot be read ({oe.strerror or type(oe).__name__})"
+    if not head:
+        return f"{path}: the file is empty (0 bytes), not a scorer checkpoint"
+    is_zip = head == b"PK\x03\x04"  # torch.save's format
+    if not is_zip and head[:1] != b"\x80":  # a pickle (protocol 2+, torch's legacy format) opens with PROTO
+        what = "not a torch checkpoint (neither torch.save's zip format nor a pickle)"
+    elif "Unsupported global" in str(e):
+        what = ("holds objects other than tensors and plain containers, which "
+                "torch.load(weights_only=True) refuses to unpickle")
+    elif is_zip:
+        what = "a damaged torch checkpoint (the zip archive is truncated or corrupted; save or copy it again)"
+    else:
+        what = "a damaged pickle, or one torch.load(weights_only=True) cannot read"
+    return f"{path}: {what} ({_first_line(e)})"
+
+
 def load_scorer(
-    path: str | Path, *, expected_hidden_size: int | None = None, device: str | torch.device = "cpu"
+    path: str | Path,
+    *,
+    expected_hidden_size: int | None = None,
+    expected_boundary_token_ids: Iterable[int] | None = None,
+    device: str | torch.device = "cpu",
 ) -> LoadedScorer:
     """Load a scorer checkpoint (``ckpt.pt`` from gambit-train, or a reference STEP/Gambit ``.pt``).
 
     ``expected_hidden_size``: the policy model's hidden size; a mismatch raises
     :class:`HiddenSizeMismatchError` here rather than a shape error mid-search.
+    ``expected_boundary_token_ids``: the ids of the policy tokenizer's boundary tokens (the
+    engine's ``boundary_ids``); when the checkpoint records other ones (compared as sets),
+    :class:`BoundaryTokenMismatchError`. Reference checkpoints record none and are accepted.
+
+    Every failure is a :class:`ScorerLoadError` with a one-line message naming the file.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ScorerLoadError(f"scorer checkpoint {str(path)!r} is a directory; pass its ckpt.pt")
     if not path.is_file():
         raise ScorerLoadError(f"scorer checkpoint {str(path)!r} does not exist")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the error says it all
+            warnings.simplefilter("ignore", UserWarning)
+            obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - report any unpickling failure the same way
-        raise ScorerLoadError(
-            f"{path}: cannot be read with torch.load(weights_only=True): {e}"
-        ) from e
+        raise ScorerLoadError(_unreadable(path, e)) from e
     return scorer_from_checkpoint(
-        obj, expected_hidden_size=expected_hidden_size, source=str(path), device=device
+        obj,
+        expected_hidden_size=expected_hidden_size,
+        expected_boundary_token_ids=expected_boundary_token_ids,
+        source=str(path),
+        device=device,
     )

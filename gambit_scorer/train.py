@@ -242,8 +242,27 @@ def train(cfg) -> dict:
     return result
 
 
+def _exit_with_error(e: Exception) -> None:
+    """A user error (bad config, missing or unusable harvest): one line on stderr, status 2."""
+    import re
+    import sys
+
+    msg = re.sub(r"\s*[\r\n]+\s*", " ", str(e)).strip()
+    print(f"gambit-train: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _hydra_task(cfg) -> None:
-    result = train(cfg)
+    from gambit_scorer.harvest_io import HarvestError
+
+    try:
+        check_config(cfg)  # its ValueErrors name the fix; no traceback for them
+    except ValueError as e:
+        _exit_with_error(e)
+    try:
+        result = train(cfg)
+    except HarvestError as e:
+        _exit_with_error(e)
     from lightning.pytorch.utilities import rank_zero_only
 
     if rank_zero_only.rank == 0:

@@ -15,6 +15,7 @@ import argparse
 import collections
 import random
 
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+")

@@ -172,3 +172,77 @@ def test_harvest_without_vllm_detokenization_gives_the_same_rows(tmp_path, engin
         assert (x.question_id, x.trace_index, x.token_ids) == (y.question_id, y.trace_index, y.token_ids)
         assert x.text == y.text and (x.answer, x.correct) == (y.answer, y.correct)
         np.testing.assert_allclose(x.conf_mean, y.conf_mean, atol=1e-6)
+
+
+# ---------------------------------------------------------------- majority@n over equivalence bins
+# "0.5", "1/2" and "\frac{1}{2}" are one answer: three votes beat two for "3", where an
+# exact-string vote would pick "3".
+HALF = ["0.5", "1/2", "\\frac{1}{2}", "3", "3"]
+
+
+def _write_answers(out: Path, by_question: dict[str, tuple[str, list[str | None]]]) -> None:
+    import pyarrow.parquet as pq
+
+    from gambit_scorer.harvest_io import HarvestTrace, traces_to_table
+    from gambit_search.grading import is_equivalent
+
+    traces = []
+    for qid, (gold, answers) in by_question.items():
+        for i, a in enumerate(answers):
+            traces.append(HarvestTrace(
+                question_id=qid, question="?", gold=gold, trace_index=i, token_ids=[1, 2],
+                text="" if a is None else f"so \\boxed{{{a}}}", answer=a,
+                correct=a is not None and is_equivalent(gold, a), boundary_positions=[],
+                hidden_states=np.zeros((0, 4), np.float16), conf_mean=np.zeros(0, np.float32),
+                conf_min=np.zeros(0, np.float32), n_tokens=2))
+    (out / "data").mkdir(parents=True)
+    pq.write_table(traces_to_table(traces), out / "data" / "shard-00000.parquet")
+
+
+def test_summary_majority_pools_equivalent_answers(tmp_path):
+    from data_pipelines.harvest import summarize
+
+    _write_answers(tmp_path, {
+        "half": ("1/2", HALF),             # bins {0.5, 1/2, \frac{1}{2}} x3 > {3} x2: right
+        "none": ("5", [None, None]),       # nobody answered: wrong
+        "seven": ("7", ["8", "7", "07"]),  # equal integers written differently: right
+    })
+    s = summarize(tmp_path)
+    assert s["questions"] == 3 and s["traces"] == 10
+    assert s["majority@n"] == pytest.approx(2 / 3)  # exact strings: "3" and "8" win: 0
+    assert s["pass@n"] == pytest.approx(2 / 3)
+
+
+def test_summary_majority_can_also_lose_to_a_bin(tmp_path):
+    from data_pipelines.harvest import summarize
+
+    # "3" has the most votes as a string, but the three halves are one answer
+    _write_answers(tmp_path, {"three": ("3", ["3", "3", "0.5", "1/2", "\\frac12", None])})
+    s = summarize(tmp_path)
+    assert s["majority@n"] == 0.0 and s["pass@n"] == 1.0
+
+
+def test_majority_correct_reuses_the_winning_traces_grade():
+    from data_pipelines.harvest import majority_correct
+
+    assert majority_correct(HALF, [True, True, True, False, False]) == ("0.5", True)
+    # the winner's verdict is its own trace's grade (the representative: the bin's first answer)
+    assert majority_correct(["0.5", "1/2", "3"], [False, True, False]) == ("0.5", False)
+    assert majority_correct([None, "", None], [False, False, False]) == (None, False)
+    with pytest.raises(ValueError, match="2 answers but 1 verdicts"):
+        majority_correct(["1", "2"], [True])
+
+
+def test_toy_evaluator_and_demo_vote_over_equivalence_bins():
+    """The toy evaluator's majority@n and gambit-demo's table use the same bins as the summary."""
+    from data_pipelines.demo import grade_question
+    from data_pipelines.toy.evaluate import question_votes
+
+    texts = [f"step\n\nso the answer is \\boxed{{{a}}}" for a in HALF] + ["no box"]
+    ok, majority_ok = question_votes("1/2", texts)
+    assert ok == [True, True, True, False, False, False] and majority_ok
+    assert question_votes("3", texts) == ([False, False, False, True, True, False], False)
+    assert grade_question("1/2", texts) == (3, "0.5", True)
+    assert grade_question("3", texts) == (2, "0.5", False)
+    assert grade_question("3", ["\\boxed{}", "\\boxed{}", "\\boxed{3}"]) == (1, "3", True)  # empty boxes do not vote
+    assert grade_question("3", ["nothing"]) == (0, None, False)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import torch
 from torch import nn
 
 from gambit_scorer.checkpoint import (
+    BoundaryTokenMismatchError,
     HiddenSizeMismatchError,
     ScorerLoadError,
     load_scorer,
@@ -240,8 +243,9 @@ def test_load_errors(tmp_path):
         hidden_size=16,
         policy_model="toy-policy",
     )
-    with pytest.raises(HiddenSizeMismatchError, match=r"size 16 \(toy-policy\).*hidden size 4096"):
+    with pytest.raises(HiddenSizeMismatchError, match=r"size 16 \(toy-policy\).*hidden size 4096") as ei:
         load_scorer(p, expected_hidden_size=4096)
+    assert "\n" not in str(ei.value)
     s = load_scorer(p)
     with pytest.raises(HiddenSizeMismatchError):
         s.append(s.init_history(), np.zeros(8))
@@ -257,6 +261,135 @@ def test_load_errors(tmp_path):
     )
     with pytest.raises(ScorerLoadError, match="d_model=32 but the weights have d_model=16"):
         load_scorer(tmp_path / "c.pt")
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("config", ["without_nhead", "no_model_config"])
+def test_reference_sequence_checkpoint_without_nhead_is_refused(tmp_path, config):
+    """The head count cannot be read off the fused qkv: a missing nhead used to load as 4 heads."""
+    ref = _randomize(RefSeq(12, nhead=2)).eval()
+    obj = {"model_state_dict": ref.state_dict()}
+    if config == "without_nhead":
+        obj["model_config"] = {"type": "sequence_transformer", "d_model": 32, "num_layers": 2}
+    p = tmp_path / "seq_ref.pt"
+    torch.save(obj, p)
+    with pytest.raises(ScorerLoadError, match=r"model_config has no 'nhead'.*cannot be inferred") as ei:
+        load_scorer(p, expected_hidden_size=12)
+    assert str(p) in str(ei.value) and "\n" not in str(ei.value)
+    obj["model_config"] = {"type": "sequence_transformer", "nhead": 2}  # with it: the same function
+    torch.save(obj, p)
+    x = torch.randn(5, 12)
+    np.testing.assert_allclose(load_scorer(p).score_trace(x), torch.sigmoid(ref(x)).numpy(), atol=1e-5)
+    obj["model_config"]["nhead"] = "two"
+    torch.save(obj, p)
+    with pytest.raises(ScorerLoadError, match="nhead='two'"):
+        load_scorer(p)
+
+
+@pytest.mark.parametrize("name", ["toy-scorer-seq", "toy-scorer-mlp"])
+def test_shipped_checkpoints_load(name):
+    s = load_scorer(REPO / "checkpoints" / name / "ckpt.pt", expected_hidden_size=128,
+                    expected_boundary_token_ids=[4])
+    assert s.kind == name.rsplit("-", 1)[1] and not s.is_reference
+    if s.kind == "seq":
+        assert s.model.layers[0].attn.nhead == s.model_config["nhead"] == 4
+    assert s.score_trace(np.zeros((3, 128), np.float32)).shape == (3,)
+
+
+def _zip_ckpt_bytes(tmp_path) -> bytes:
+    p = tmp_path / "whole.pt"
+    save_checkpoint(p, StepMLP(8), features=["hidden"], hidden_size=8)
+    return p.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "kind, want",
+    [
+        ("random_bytes", "not a torch checkpoint"),
+        ("text_file", "not a torch checkpoint"),
+        ("empty_file", "empty"),
+        ("truncated_zip", "damaged torch checkpoint"),
+        ("pickled_list", "damaged pickle"),  # pickle.dump, not torch.save
+        ("torch_saved_list", "holds a list, not a checkpoint dict"),
+        ("torch_saved_tensor", "holds a Tensor, not a checkpoint dict"),
+        ("numpy_inside", "objects other than tensors"),
+        ("state_dict_not_a_dict", "state dict is a list"),
+        ("state_dict_with_a_string", "'net.0.weight' is a str, expected a tensor"),
+        ("config_not_a_dict", "'model_config' is a str"),
+        ("wrong_shapes", "weights do not fit the mlp scorer"),
+        ("directory", "is a directory"),
+    ],
+)
+def test_corrupt_checkpoint_is_one_line_error_naming_the_file(tmp_path, kind, want):
+    p = tmp_path / "ckpt.pt"
+    mlp_sd = dict(StepMLP(8).state_dict())  # keys net.0.weight, ...
+    if kind == "random_bytes":
+        p.write_bytes(bytes([0x17]) + np.random.default_rng(0).bytes(4095))
+    elif kind == "text_file":
+        p.write_text("model_state_dict: not really\nsecond line\n")
+    elif kind == "empty_file":
+        p.write_bytes(b"")
+    elif kind == "truncated_zip":
+        b = _zip_ckpt_bytes(tmp_path)
+        p.write_bytes(b[: len(b) // 2])
+    elif kind == "pickled_list":
+        p.write_bytes(pickle.dumps([1, 2, 3]))
+    elif kind == "torch_saved_list":
+        torch.save([1, 2, 3], p)
+    elif kind == "torch_saved_tensor":
+        torch.save(torch.zeros(3), p)
+    elif kind == "numpy_inside":
+        torch.save({"model_state_dict": {"net.0.weight": np.zeros((2, 2))}}, p)
+    elif kind == "state_dict_not_a_dict":
+        torch.save({"model_state_dict": [torch.zeros(2)]}, p)
+    elif kind == "state_dict_with_a_string":
+        torch.save({"model_state_dict": {**mlp_sd, "net.0.weight": "w"}}, p)
+    elif kind == "config_not_a_dict":
+        torch.save({"model_state_dict": mlp_sd, "model_config": "mlp"}, p)
+    elif kind == "wrong_shapes":  # torch's load_state_dict error is several lines
+        torch.save({"model_state_dict": {**mlp_sd, "net.0.bias": torch.zeros(3)}}, p)
+    elif kind == "directory":
+        p.mkdir()
+    with pytest.raises(ScorerLoadError) as ei:
+        load_scorer(p)
+    msg = str(ei.value)
+    assert "\n" not in msg and "\x1b" not in msg, msg
+    assert str(p) in msg and want in msg, msg
+    assert "Traceback" not in msg and len(msg) < 600, msg
+
+
+def test_boundary_token_ids_are_checked_when_given(tmp_path):
+    p = tmp_path / "ckpt.pt"
+    save_checkpoint(p, StepMLP(16), features=["hidden"], hidden_size=16, boundary_token_ids=[271, 4],
+                    policy_model="toy-policy")
+    load_scorer(p, expected_boundary_token_ids=[4, 271])  # compared as sets
+    load_scorer(p, expected_boundary_token_ids=(271, 4, 4))
+    load_scorer(p)  # not given: not checked
+    with pytest.raises(BoundaryTokenMismatchError) as ei:
+        load_scorer(p, expected_hidden_size=16, expected_boundary_token_ids=[198])
+    msg = str(ei.value)
+    assert isinstance(ei.value, ScorerLoadError) and "\n" not in msg
+    assert "[4, 271]" in msg and "[198]" in msg and "another tokenizer's boundaries" in msg
+    assert str(p) in msg
+    with pytest.raises(TypeError):  # keyword-only
+        load_scorer(p, 16, [4, 271])
+    # no record: a reference checkpoint, or ours saved without boundary ids
+    ref = tmp_path / "ref.pt"
+    torch.save({"model_state_dict": StepMLP(16).state_dict()}, ref)
+    assert load_scorer(ref, expected_boundary_token_ids=[198]).is_reference
+    unrec = tmp_path / "unrecorded.pt"
+    save_checkpoint(unrec, StepMLP(16), features=["hidden"], hidden_size=16)
+    load_scorer(unrec, expected_boundary_token_ids=[198])
+
+
+def test_hidden_size_mismatch_message_is_one_line(tmp_path):
+    p = tmp_path / "ckpt.pt"
+    save_checkpoint(p, StepMLP(16), features=["hidden"], hidden_size=16, policy_model="my\nmodel")
+    with pytest.raises(HiddenSizeMismatchError) as ei:
+        load_scorer(p, expected_hidden_size=32)
+    assert "\n" not in str(ei.value) and "hidden size 32" in str(ei.value)
 
 
 def test_loading_imports_neither_lightning_nor_hydra(tmp_path):

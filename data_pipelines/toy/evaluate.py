@@ -190,6 +190,19 @@ def mean_se(x) -> tuple[float, float]:
     return float(x.mean()), float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else 0.0
 
 
+def question_votes(gold: str, texts: list[str]) -> tuple[list[bool], bool]:
+    """Per-trace correctness of one question's completions (``grade``: last boxed answer,
+    math-verify equivalence) and whether their majority answer is right. The vote pools
+    equivalent answers ("1/2", "0.5") in one bin (``data_pipelines.harvest.majority_correct``),
+    as gambit-harvest's summary and gambit-demo count it."""
+    from data_pipelines.harvest import majority_correct
+    from gambit_search.grading import grade
+
+    graded = [grade(gold, t) for t in texts]
+    ok = [c for _, c in graded]
+    return ok, majority_correct([a for a, _ in graded], ok)[1]
+
+
 def evaluate(cfg: EvalConfig) -> dict:
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
@@ -197,7 +210,7 @@ def evaluate(cfg: EvalConfig) -> dict:
 
     from data_pipelines.prompts import build_prompt
     from data_pipelines.toy.task import draw_questions, first_wrong_step
-    from gambit_search.grading import extract_boxed
+    from gambit_search.grading import grade
 
     t0 = time.time()
     sampler = VLLMSampler(cfg.model) if cfg.backend == "vllm" else HFSampler(cfg.model)
@@ -206,9 +219,9 @@ def evaluate(cfg: EvalConfig) -> dict:
     def prompt_ids(q):
         return [tok.bos_token_id] + tok.encode(build_prompt(q.text, tok), add_special_tokens=False)
 
-    def answer_of(ids) -> int | None:
-        a = extract_boxed(tok.decode(ids, skip_special_tokens=True))
-        return int(a) if a is not None and a.isdigit() else None
+    def right(q, ids) -> bool:
+        """The trace's last boxed answer equals the gold one (math-verify, like the harvest's labels)."""
+        return grade(str(q.answer), tok.decode(ids, skip_special_tokens=True))[1]
 
     report: dict = {"config": asdict(cfg)}
 
@@ -218,12 +231,10 @@ def evaluate(cfg: EvalConfig) -> dict:
     samples = sampler.sample(P, cfg.n_samples, cfg.temperature, cfg.seed, cfg.max_tokens)
     acc, pas, maj, firsts, lens = [], [], [], Counter(), []
     for q, outs in zip(test, samples, strict=True):
-        answers = [answer_of(ids) for ids, _ in outs]
-        ok = [a == q.answer for a in answers]
+        ok, majority_ok = question_votes(str(q.answer), [tok.decode(ids, skip_special_tokens=True) for ids, _ in outs])
         acc.append(np.mean(ok))
         pas.append(any(ok))
-        votes = Counter(a for a in answers if a is not None)
-        maj.append(bool(votes) and votes.most_common(1)[0][0] == q.answer)
+        maj.append(majority_ok)
         for ids, _ in outs:
             lens.append(len(ids))
             fw = first_wrong_step(q, tok.decode(ids, skip_special_tokens=True))
@@ -251,7 +262,7 @@ def evaluate(cfg: EvalConfig) -> dict:
         for ids, _ in outs:
             seqs.append(p + ids)
             plens.append(len(p))
-            ys.append(answer_of(ids) == q.answer)
+            ys.append(right(q, ids))
     states = boundary_states(model_for_states, tok, seqs, plens)
     X = np.concatenate([s for s, _ in states if len(s)])
     Y = np.concatenate([[y] * len(s) for (s, _), y in zip(states, ys, strict=True) if len(s)])
@@ -269,7 +280,7 @@ def evaluate(cfg: EvalConfig) -> dict:
         for ids, lps in outs:
             seqs.append(p + ids)
             plens.append(len(p))
-            meta.append((qi, answer_of(ids) == q.answer, float(np.mean(lps)) if lps else -1e9))
+            meta.append((qi, right(q, ids), float(np.mean(lps)) if lps else -1e9))
     states = boundary_states(model_for_states, tok, seqs, plens)
     probe_score, min_score, last_score, lp_score, y_all, by_q = [], [], [], [], [], {}
     for (s, _), (qi, y, lp) in zip(states, meta, strict=True):
@@ -315,12 +326,12 @@ def evaluate(cfg: EvalConfig) -> dict:
             ok_prefixes.append(fw is None or fw >= len(q.ops) // 2)
             if sc > best_s:
                 best, best_s, best_ok = prefix, sc, ok_prefixes[-1]
-        fresh_acc.append(np.mean([answer_of(ids) == q.answer for ids, _ in outs]))
+        fresh_acc.append(np.mean([right(q, ids) for ids, _ in outs]))
         cont_prompts.append(P[qi] + (best or []))
         chosen_correct_prefix.append(best_ok if best is not None else False)
         random_prefix_ok.append(np.mean(ok_prefixes) if ok_prefixes else 0.0)
     conts = sampler.sample(cont_prompts, cfg.n_branch_samples, cfg.temperature, cfg.seed + 2, cfg.max_tokens)
-    cont_acc = [np.mean([answer_of(ids) == q.answer for ids, _ in outs]) for q, outs in zip(bq, conts, strict=True)]
+    cont_acc = [np.mean([right(q, ids) for ids, _ in outs]) for q, outs in zip(bq, conts, strict=True)]
     diff = np.asarray(cont_acc) - np.asarray(fresh_acc)
     report["branching"] = {
         "questions": len(bq), "samples_each": cfg.n_branch_samples,
