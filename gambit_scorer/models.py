@@ -232,6 +232,57 @@ class SeqScorer(nn.Module):
             cache.append(kv)
         return self.head(self.norm(h)).squeeze(-1), cache
 
+    def step_batch(
+        self, x: Tensor, pasts: Sequence[Sequence[KVCache] | None], starts: Sequence[int]
+    ) -> tuple[Tensor, list[list[KVCache]]]:
+        """One new step for each of B independent traces, in one forward.
+
+        ``x`` [B, input_size]: each trace's new step; ``pasts[i]``: trace i's per-layer cache
+        (keys/values [1, n_head, L_i, head_dim], None for an empty history); ``starts[i]``:
+        the new step's absolute position (RoPE). Caches of different lengths are padded and
+        masked, so row i equals ``forward_with_cache(x[i:i+1, None], pasts[i], starts[i])``.
+        Returns logits [B] and each trace's extended cache (its own tensors: a parent's cache
+        is never changed, so a branch may share it)."""
+        B = x.shape[0]
+        lens = [0 if p is None else int(p[0][0].shape[2]) for p in pasts]
+        L = max(lens, default=0)
+        dev = x.device
+        h = self.input_proj(x).unsqueeze(1)  # [B, 1, D]
+        pos = torch.as_tensor(list(starts), device=dev)
+        valid = torch.zeros(B, L + 1, dtype=torch.bool, device=dev)
+        for i, n in enumerate(lens):
+            valid[i, :n] = True
+        valid[:, L] = True
+        mask = valid[:, None, None, :]  # [B, 1, 1, L + 1]
+        new: list[list[KVCache]] = [[] for _ in range(B)]
+        for li, layer in enumerate(self.layers):
+            attn = layer.attn
+            a = layer.norm1(h)
+            D = a.shape[-1]
+            q, k, v = attn.qkv(a).split(D, dim=-1)
+            q, k, v = (t.view(B, 1, attn.nhead, attn.head_dim).transpose(1, 2) for t in (q, k, v))
+            cos, sin = attn.rope(pos)  # [B, head_dim]
+            cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            K = k.new_zeros(B, attn.nhead, L + 1, attn.head_dim)
+            V = torch.zeros_like(K)
+            for i, p in enumerate(pasts):
+                if p is not None and lens[i]:
+                    K[i, :, : lens[i]] = p[li][0][0]
+                    V[i, :, : lens[i]] = p[li][1][0]
+            K[:, :, L] = k[:, :, 0]
+            V[:, :, L] = v[:, :, 0]
+            y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
+            h = h + layer.drop(attn.out_proj(y.transpose(1, 2).reshape(B, 1, D)))
+            h = h + layer.drop(layer.ffn(layer.norm2(h)))
+            for i, p in enumerate(pasts):
+                ki, vi = k[i : i + 1], v[i : i + 1]
+                if p is not None and lens[i]:
+                    ki = torch.cat((p[li][0], ki), dim=2)
+                    vi = torch.cat((p[li][1], vi), dim=2)
+                new[i].append((ki, vi))
+        return self.head(self.norm(h)).squeeze(-1).squeeze(-1), new
+
     def model_config(self) -> dict:
         """Reference-style ``model_config`` (plus our input_dim and bias flags)."""
         return {"type": "sequence_transformer", **self.cfg}

@@ -1,0 +1,359 @@
+"""The multi-question driver: one engine, every question of a dataset at once.
+
+Each question gets its own policy (a method's state machine, :mod:`gambit_search.methods`);
+the driver admits questions while their live traces fit a global limit, steps the engine,
+turns its output into per-question events (boundaries are scored in one batched forward
+for all questions), carries out the actions the policies return, and hands each finished
+question's result to ``on_result`` as soon as it is done. A question that fails (empty
+prompt, every trace an error) is recorded and the others go on.
+
+    from gambit_search.driver import Driver, DriverConfig
+    drv = Driver(engine, get_method("gambit"), params, scorer=RuntimeScorer(...),
+                 prompt_ids=lambda q: build_prompt_ids(q.question, tok), decode=tok.decode)
+    for result in drv.run(questions):          # results in completion order
+        ...
+
+Order of events within one engine step, per question: :class:`Scored` (the step's
+boundaries), then :class:`Finished`, then :class:`Progress` (which may run a round), so a
+policy never forks a trace it has not yet learned is finished.
+
+Memory pressure (methods with ``uses_memory``): after a step in which vLLM preempted a
+request or the KV cache passed ``DriverConfig.evict_above``, the question with the most
+running traces is asked to evict one trace per preemption (at least one); with revival on,
+a ghost is offered back while usage is below ``revive_below`` and nothing waits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gambit_search.engine import Engine, EngineError, SamplingSpec, TraceStatus
+from gambit_search.grading import extract_boxed, is_equivalent
+from gambit_search.methods import Method
+from gambit_search.policy import (
+    Evict,
+    Finished,
+    Fork,
+    MemoryPressure,
+    NodeDelta,
+    Progress,
+    Prune,
+    Revive,
+    Scored,
+    Spawn,
+    Stop,
+)
+from gambit_search.voting import vote, vote_table
+
+__all__ = ["Driver", "DriverConfig", "QuestionLike", "trace_seed"]
+
+
+class QuestionLike:
+    """What the driver reads of a question: ``id``, ``question``, ``answer`` (gold or "")."""
+
+    id: str
+    question: str
+    answer: str
+
+
+def trace_seed(seed: int, question_id: str, node: int) -> int:
+    """A node's sampling seed: a function of (seed, question, node) only, so a rerun samples
+    the same tree whatever else runs beside it."""
+    h = hashlib.blake2b(f"{seed}/{question_id}/{node}".encode(), digest_size=4).digest()
+    return int.from_bytes(h, "big") & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """How the driver schedules questions on the engine."""
+
+    max_live: int = 256
+    """Global limit of live traces: questions are admitted while their slots fit (one question
+    is always admitted, even when it alone exceeds the limit)."""
+    seed: int = 0
+    """Base seed of every trace (see :func:`trace_seed`)."""
+    evict_above: float = 0.97
+    """KV usage at which a memory-using method is asked to evict a trace to a ghost."""
+    revive_below: float = 0.75
+    """KV usage under which (with nothing waiting) a ghost may be revived."""
+    release: bool = True
+    """Forget engine traces as they end (False keeps them readable: tests recount tokens)."""
+    vote_rule: str | None = None
+    """Vote rule of the reported answer; None: the method's own."""
+
+
+@dataclass
+class _Q:
+    """A question in flight."""
+
+    q: Any
+    policy: Any
+    prompt: list[int]
+    t0: float
+    trace_of: dict[int, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    slots: int = 0
+
+
+class Driver:
+    """See the module docstring."""
+
+    def __init__(self, engine: Engine, method: Method, params: Any, *,
+                 prompt_ids: Callable[[Any], list[int]], decode: Callable[[Sequence[int]], str],
+                 spec: SamplingSpec, scorer: Any = None, config: DriverConfig | None = None,
+                 answer_of: Callable[[str], str | None] = extract_boxed) -> None:
+        self.engine, self.method, self.params = engine, method, params
+        self.prompt_ids, self.decode, self.spec = prompt_ids, decode, spec
+        self.scorer = scorer if method.scores_traces else None
+        self.cfg = config or DriverConfig()
+        self.answer_of = answer_of
+        if method.needs_scorer and scorer is None:
+            raise ValueError(f"method {method.name!r} needs a scorer (--scorer ckpt.pt)")
+        if method.scores_traces and scorer is not None and not engine.captures_hidden:
+            raise ValueError(f"method {method.name!r} needs an engine that captures hidden states")
+        self._owner: dict[int, tuple[_Q, int]] = {}  # trace -> (question, node)
+        self._live_slots = 0
+        self._last_preempt = 0
+        self.timing = {"engine_s": 0.0, "scoring_s": 0.0, "policy_s": 0.0, "memory_s": 0.0,
+                       "other_s": 0.0, "wall_s": 0.0, "steps": 0}
+        self.tokens = 0
+        """Unique tokens generated so far (all questions)."""
+        self.trace_log: list[tuple[float, int, int, float]] = []
+        """(wall s, running traces, waiting, kv usage) after each step where memory was read."""
+
+    # -- public ----------------------------------------------------------------------------------
+    def run(self, questions: Sequence[Any]) -> Iterator[dict]:
+        """Solve ``questions``; yields each question's result dict as it finishes."""
+        t_start = time.perf_counter()
+        pending = deque(questions)
+        active: dict[str, _Q] = {}
+        while pending or active:
+            t0 = time.perf_counter()
+            while pending and (not active or self._live_slots + self.method.slots(self.params)
+                               <= self.cfg.max_live):
+                q = pending.popleft()
+                st = self._admit(q)
+                if st is None:
+                    yield self._failed(q, "empty question")
+                    continue
+                active[str(q.id)] = st
+                if st.policy.done:  # every spawn failed at once
+                    yield self._finish(active.pop(str(q.id)))
+            self.timing["other_s"] += time.perf_counter() - t0
+            if not active:
+                continue
+            if not self.engine.has_unfinished():
+                # nothing can move: policies whose traces are all gone end now
+                for key in list(active):
+                    st = active[key]
+                    if not st.policy.done:
+                        self._apply(st, st.policy.stop())
+                    yield self._finish(active.pop(key))
+                continue
+            t0 = time.perf_counter()
+            out = self.engine.step()
+            t1 = time.perf_counter()
+            self.timing["engine_s"] += t1 - t0
+            self.timing["steps"] += 1
+            self._on_step(out, active)
+            if self.method.uses_memory:
+                self._memory(active)
+            t0 = time.perf_counter()
+            for key in [k for k, st in active.items() if st.policy.done]:
+                yield self._finish(active.pop(key))
+            self.timing["other_s"] += time.perf_counter() - t0
+        self.timing["wall_s"] += time.perf_counter() - t_start
+
+    # -- admission -------------------------------------------------------------------------------
+    def _admit(self, q: Any) -> _Q | None:
+        if not str(q.question).strip():
+            return None
+        prompt = list(self.prompt_ids(q))
+        if not prompt:
+            return None
+        policy = self.method.make_policy(self.params)
+        st = _Q(q, policy, prompt, time.perf_counter(), slots=self.method.slots(self.params))
+        self._live_slots += st.slots
+        self._apply(st, policy.start())
+        return st
+
+    def _failed(self, q: Any, why: str) -> dict:
+        return {"id": str(q.id), "question": q.question, "gold": q.answer or None,
+                "method": self.method.name, "answer": None, "correct": False if q.answer else None,
+                "error": why, "unique_tokens": 0, "wall_s": 0.0, "votes": [], "tree_stats": {},
+                "tree": []}
+
+    # -- one step --------------------------------------------------------------------------------
+    def _on_step(self, out: Any, active: dict[str, _Q]) -> None:
+        per_q: dict[str, list] = {}
+        # 1. boundaries -> one batched scorer forward -> Scored events
+        if self.scorer is not None and out.boundaries:
+            t0 = time.perf_counter()
+            items, owners = [], []
+            for b in out.boundaries:
+                own = self._owner.get(b.trace)
+                if own is None or b.trace not in self.scorer:
+                    continue
+                items.append((b.trace, b.hidden, b.output_index))
+                owners.append((own, b.output_index))
+            if items:
+                lps = None
+                if self.scorer.needs_confidence:
+                    lps = {t: self.engine.sampled_logprobs(t) for t, _, _ in items}
+                scores = self.scorer.score(items, lps)
+                for ((st, node), j), s in zip(owners, scores, strict=True):
+                    per_q.setdefault(str(st.q.id), []).append(Scored(node, j, s))
+            self.timing["scoring_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        # 2. deltas -> Finished + Progress
+        finished: dict[str, list] = {}
+        progress: dict[str, dict[int, NodeDelta]] = {}
+        for d in out.deltas:
+            own = self._owner.get(d.trace)
+            if own is None:
+                continue
+            st, node = own
+            key = str(st.q.id)
+            if d.token_ids:
+                progress.setdefault(key, {})[node] = NodeDelta(tuple(d.token_ids), d.logprobs)
+                self.tokens += len(d.token_ids)
+            if d.finish_reason is not None:
+                finished.setdefault(key, []).append(self._finished_event(st, node, d))
+        for key in set(per_q) | set(finished) | set(progress):
+            st = active.get(key)
+            if st is None:
+                continue
+            events = per_q.get(key, []) + finished.get(key, [])
+            events.append(Progress(progress.get(key, {})))
+            for e in events:
+                self._apply(st, st.policy.handle(e))
+                if isinstance(e, Finished):
+                    self._end_trace(st, e.node)
+        self.timing["policy_s"] += time.perf_counter() - t0
+
+    def _finished_event(self, st: _Q, node: int, d: Any) -> Finished:
+        if d.finish_reason == "error":
+            st.errors.append(d.error or "error")
+            return Finished(node, "error", error=d.error)
+        info = self.engine.trace_info(d.trace)
+        lineage = list(info.prompt_ids[len(st.prompt):]) + list(info.output_ids)
+        return Finished(node, d.finish_reason, answer=self.answer_of(self.decode(lineage)))
+
+    # -- actions ---------------------------------------------------------------------------------
+    def _apply(self, st: _Q, actions: list) -> None:
+        eng = self.engine
+        qid = str(st.q.id)
+        for a in actions:
+            if isinstance(a, Spawn):
+                t = eng.add_trace(st.prompt, self.spec, seed=trace_seed(self.cfg.seed, qid, a.node))
+                self._bind(st, a.node, t, None)
+            elif isinstance(a, Fork):
+                parent = st.trace_of[a.parent]
+                try:
+                    t = eng.fork(parent, a.temperature_multiplier,
+                                 seed=trace_seed(self.cfg.seed, qid, a.node), at=a.at)
+                except EngineError as e:  # the parent ended under us: the child fails
+                    st.errors.append(str(e))
+                    self._apply(st, st.policy.handle(Finished(a.node, "error", error=str(e))))
+                    continue
+                self._bind(st, a.node, t, parent)
+            elif isinstance(a, Prune):
+                self._kill(st, a.node)
+            elif isinstance(a, Evict):
+                eng.evict(st.trace_of[a.node])
+            elif isinstance(a, Revive):
+                eng.revive(st.trace_of[a.node])
+            elif isinstance(a, Stop):
+                for n in a.nodes:
+                    self._kill(st, n)
+            else:
+                raise TypeError(f"unknown action {a!r}")
+
+    def _bind(self, st: _Q, node: int, trace: int, parent_trace: int | None) -> None:
+        st.trace_of[node] = trace
+        self._owner[trace] = (st, node)
+        if self.scorer is not None:
+            self.scorer.add(trace, parent_trace if parent_trace in self.scorer else None)
+
+    def _kill(self, st: _Q, node: int) -> None:
+        t = st.trace_of.get(node)
+        if t is None or t not in self._owner:
+            return
+        self.engine.abort(t)
+        self._end_trace(st, node)
+
+    def _end_trace(self, st: _Q, node: int) -> None:
+        t = st.trace_of.get(node)
+        if t is None or t not in self._owner:
+            return
+        del self._owner[t]
+        if self.scorer is not None:
+            self.scorer.drop(t)
+        if self.cfg.release:
+            info = self.engine.trace_info(t)
+            if info.status in (TraceStatus.FINISHED, TraceStatus.ABORTED):
+                self.engine.release(t)
+
+    # -- memory ----------------------------------------------------------------------------------
+    def _memory(self, active: dict[str, _Q]) -> None:
+        t0 = time.perf_counter()
+        snap = self.engine.memory()
+        self.trace_log.append((time.perf_counter(), snap.num_running, snap.num_waiting,
+                               snap.kv_usage))
+        preempted = snap.num_preemptions - self._last_preempt
+        self._last_preempt = snap.num_preemptions
+        evict = max(preempted, 1 if snap.kv_usage >= self.cfg.evict_above else 0)
+        live = [st for st in active.values() if not st.policy.done]
+        if evict and live:
+            st = max(live, key=lambda s: len(s.policy.running()))
+            self._apply(st, st.policy.handle(MemoryPressure(evict=evict)))
+        elif snap.kv_usage < self.cfg.revive_below and snap.num_waiting == 0:
+            ghosts = [st for st in live if st.policy.ghosts()]
+            if ghosts:
+                st = max(ghosts, key=lambda s: len(s.policy.ghosts()))
+                self._apply(st, st.policy.handle(MemoryPressure(revive=1)))
+        self.timing["memory_s"] += time.perf_counter() - t0
+
+    # -- results ---------------------------------------------------------------------------------
+    def _finish(self, st: _Q) -> dict:
+        self._live_slots -= st.slots
+        for node in list(st.trace_of):
+            self._kill(st, node)
+        p = st.policy
+        votes = p.votes()
+        gold = st.q.answer or None
+        rule = self.cfg.vote_rule or self.method.vote
+        answers = {r: vote(votes, r) for r in ("weighted", "plain", "top1")}
+
+        def ok(a: str | None) -> bool | None:
+            if gold is None:
+                return None
+            return a is not None and is_equivalent(gold, a)
+
+        stats = p.stats()
+        error = None
+        if not votes:
+            error = ("all traces errored: " + st.errors[0]) if st.errors else "no trace completed"
+        return {
+            "id": str(st.q.id), "question": st.q.question, "gold": gold,
+            "method": self.method.name, "rule": rule, "answer": answers[rule],
+            "correct": ok(answers[rule]),
+            "answer_weighted": answers["weighted"], "correct_weighted": ok(answers["weighted"]),
+            "answer_plain": answers["plain"], "correct_plain": ok(answers["plain"]),
+            "answer_top1": answers["top1"], "correct_top1": ok(answers["top1"]),
+            "votes": vote_table(votes), "unique_tokens": stats["unique_tokens"],
+            "wall_s": round(time.perf_counter() - st.t0, 3), "tree_stats": stats,
+            "error": error, "tree": p.tree(),
+            "rounds": getattr(p, "round_log", []),
+        }
+
+
+def mean(xs: Sequence[float]) -> float:
+    """Mean (NaN for none)."""
+    return sum(xs) / len(xs) if xs else math.nan

@@ -1,0 +1,43 @@
+"""Gambit: the scorer-guided tournament (:mod:`gambit_search.tournament`) as a method.
+
+    gambit-solve --method gambit --n 32 --swap 4 --interval 8 --warmup 32 --dataset toy:test:200
+
+``--n`` is the budget of completed traces and, unless ``--capacity`` is given, also the
+capacity C (the paper runs C = budget = 256). Answers by the score-weighted vote.
+"""
+
+from __future__ import annotations
+
+from gambit_search.methods import Method
+from gambit_search.tournament import Tournament, TournamentConfig
+
+
+def tournament_config(params) -> TournamentConfig:
+    """The :class:`TournamentConfig` of solve parameters (raises TournamentConfigError)."""
+    cap = int(params.capacity or params.n)
+    cap_tokens = getattr(params, "max_tokens", None)
+    return TournamentConfig(
+        capacity=cap, swap=int(params.swap), interval=int(params.interval),
+        warmup=int(params.warmup), floor=float(params.floor),
+        child_temperature=float(params.child_temperature), budget=int(params.n),
+        ghosts=bool(params.ghosts), revive=bool(params.revive),
+        branch_point=str(params.branch_point),
+        max_unique_tokens=4 * int(params.n) * int(cap_tokens) if cap_tokens else None,
+    )
+
+
+def _make(params) -> Tournament:
+    return Tournament(tournament_config(params))
+
+
+METHOD = Method(
+    name="gambit",
+    summary="thought-level beam search: prune the worst K, fork the best K prefixes, ghosts "
+            "under memory pressure",
+    make_policy=_make,
+    slots=lambda params: int(params.capacity or params.n),
+    needs_scorer=True,
+    scores_traces=True,
+    uses_memory=True,
+    vote="weighted",
+)

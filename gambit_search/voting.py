@@ -1,0 +1,57 @@
+"""Vote rules over a question's completed traces (equivalence bins, ``grading.VoteBins``).
+
+* ``plain``: one vote per completed trace with an answer.
+* ``weighted``: each vote weighs the trace's final trace score (Gambit, STEP). A trace that
+  was never scored weighs 0; when no vote weighs anything the plain vote decides.
+* ``top1``: the answer of the highest-scored completed trace.
+
+    from gambit_search.voting import vote, vote_table
+    vote([(0, "42", 0.9), (1, "41", 0.2), (2, "41", 0.3)], "weighted")   # "42"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gambit_search.grading import VoteBins
+
+__all__ = ["RULES", "vote", "vote_table"]
+
+RULES = ("weighted", "plain", "top1")
+
+Vote = tuple[int, str | None, float | None]
+"""(node, answer or None, final trace score or None)."""
+
+
+def _bins(votes: Sequence[Vote]) -> VoteBins:
+    bins = VoteBins()
+    for _, a, s in votes:
+        if a is not None and a.strip():
+            bins.add(a, 0.0 if s is None else float(s))
+    return bins
+
+
+def vote(votes: Sequence[Vote], rule: str) -> str | None:
+    """The answer ``rule`` picks (None when no completed trace has an answer)."""
+    if rule not in RULES:
+        raise ValueError(f"unknown vote rule {rule!r}: choose one of {', '.join(RULES)}")
+    answered = [v for v in votes if v[1] is not None and v[1].strip()]
+    if not answered:
+        return None
+    if rule == "top1":
+        scored = [v for v in answered if v[2] is not None]
+        if not scored:
+            return vote(answered, "plain")
+        return max(scored, key=lambda v: (v[2], -v[0]))[1]
+    bins = _bins(answered)
+    if rule == "weighted" and bins.total_weight > 0:
+        return bins.winner()
+    best = max(range(len(bins)), key=lambda i: (bins.bins()[i].count, -i))
+    return bins.bins()[best].representative
+
+
+def vote_table(votes: Sequence[Vote]) -> list[dict]:
+    """Every answer bin: representative, count, summed score; heaviest count first."""
+    rows = [{"answer": b.representative, "count": b.count, "weight": round(b.weight, 6)}
+            for b in _bins(votes).bins()]
+    return sorted(rows, key=lambda r: (-r["count"], -r["weight"]))

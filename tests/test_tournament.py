@@ -1,0 +1,314 @@
+"""The tournament's invariants, property-based, on the scripted fake engine.
+
+Hypothesis draws the search parameters, memory limits (small KV pools force vLLM-style
+preemption and so ghosts), finish times (the fake policy's thought counts per seed) and
+random scores; a checking wrapper asserts the invariants after every event.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gambit_search.driver import Driver, DriverConfig
+from gambit_search.engine import SamplingSpec
+from gambit_search.fake_engine import FIRST_TEXT, FakeEngine, FakeEngineConfig
+from gambit_search.methods import Method
+from gambit_search.policy import (
+    Evict,
+    Finished,
+    Fork,
+    MemoryPressure,
+    NodeDelta,
+    NodeState,
+    Progress,
+    Prune,
+    Scored,
+    Spawn,
+    Stop,
+)
+from gambit_search.tournament import Tournament, TournamentConfig, TournamentConfigError
+
+
+class RandomScorer:
+    """The RuntimeScorer interface with pseudo-random scores (a function of trace and step)."""
+
+    needs_confidence = False
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self.keys: set[int] = set()
+
+    def add(self, key, parent=None) -> None:
+        self.keys.add(key)
+
+    def drop(self, key) -> None:
+        self.keys.discard(key)
+
+    def __contains__(self, key) -> bool:
+        return key in self.keys
+
+    def score(self, items, logprobs=None):
+        return [random.Random(hash((self.seed, k, j))).random() for k, _, j in items]
+
+
+class Checked(Tournament):
+    """A tournament that asserts its invariants after every event."""
+
+    def __init__(self, config: TournamentConfig) -> None:
+        super().__init__(config)
+        self.seen_votes: dict[int, int] = {}
+
+    def handle(self, event):
+        before = {n.id: n.state for n in self.nodes.values()}
+        rounds = self.rounds
+        acts = super().handle(event)
+        forks = [a for a in acts if isinstance(a, Fork)]
+        prunes = {a.node for a in acts if isinstance(a, Prune)}
+        for f in forks:
+            # a parent was running before the round (never a ghost), and is no victim
+            assert before.get(f.parent) is NodeState.RUNNING, (f, before.get(f.parent))
+            assert f.parent not in prunes
+            assert self.nodes[f.parent].state is NodeState.RUNNING
+        for a in acts:
+            if isinstance(a, Evict):
+                assert self.nodes[a.node].state is NodeState.GHOST
+        if self.rounds > rounds and not self.done:
+            assert len(self.active()) == self.config.capacity, self.round_log[-1]
+        assert len(self.active()) <= self.config.capacity
+        if self.done:
+            assert not self.active()
+        return acts
+
+
+@dataclass
+class Params:
+    n: int
+    capacity: int | None
+    swap: int
+    interval: int
+    warmup: int
+    floor: float
+    child_temperature: float = 1.0
+    branch_point: str = "boundary"
+    ghosts: bool = True
+    revive: bool = False
+    max_tokens: int = 60
+
+
+def _method() -> Method:
+    from gambit_search.methods.gambit import tournament_config
+
+    return Method("checked", "test", lambda p: Checked(tournament_config(p)),
+                  lambda p: int(p.capacity or p.n), needs_scorer=True, scores_traces=True,
+                  uses_memory=True, vote="weighted")
+
+
+@dataclass
+class Q:
+    id: str
+    question: str
+    answer: str
+
+
+def _prompt(q) -> list[int]:
+    return [1] + [FIRST_TEXT + (ord(c) % 50) for c in q.question]
+
+
+def drv_prompts(n_questions: int, seed: int) -> dict[str, tuple[int, ...]]:
+    return {f"q{i}": tuple(_prompt(Q(f"q{i}", f"question {i} {seed}", "")))
+            for i in range(n_questions)}
+
+
+def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live: int):
+    eng = FakeEngine(FakeEngineConfig(num_blocks=num_blocks, block_size=4, seed=seed,
+                                      max_model_len=256, max_num_seqs=64))
+    qs = [Q(f"q{i}", f"question {i} {seed}", "") for i in range(n_questions)]
+    drv = Driver(eng, _method(), params,
+                 prompt_ids=_prompt,
+                 decode=eng.decode, spec=SamplingSpec(temperature=1.0, max_tokens=params.max_tokens),
+                 scorer=RandomScorer(seed), config=DriverConfig(max_live=max_live, seed=seed,
+                                                                release=False))
+    return eng, drv, list(drv.run(qs))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    k=st.integers(1, 3),
+    extra=st.integers(0, 4),
+    interval=st.integers(1, 6),
+    warmup=st.integers(1, 20),
+    floor=st.sampled_from([0.0, 0.1, 0.3]),
+    branch=st.sampled_from(["boundary", "current"]),
+    ghosts=st.booleans(),
+    revive=st.booleans(),
+    num_blocks=st.sampled_from([24, 48, 4096]),
+    seed=st.integers(0, 10_000),
+    n_questions=st.integers(1, 3),
+)
+def test_invariants_hold_on_the_fake_engine(k, extra, interval, warmup, floor, branch, ghosts,
+                                            revive, num_blocks, seed, n_questions):
+    cap = 2 * k + extra
+    params = Params(n=cap, capacity=cap, swap=k, interval=interval, warmup=warmup, floor=floor,
+                    branch_point=branch, ghosts=ghosts, revive=revive)
+    eng, drv, results = _run(params, num_blocks, seed, n_questions, max_live=2 * cap)
+    assert len(results) == n_questions  # every run terminates, every question is reported
+    assert not eng.has_unfinished()
+    infos = {t: eng.trace_info(t) for t in eng.trace_ids()}
+    for r in results:
+        nodes = r["tree"]
+        # every completed trace votes exactly once
+        completed = [n for n in nodes if n["state"] == "completed"]
+        assert sum(v["count"] for v in r["votes"]) == sum(1 for n in completed if n["answer"])
+        assert r["tree_stats"]["completions"] == len(completed)
+        assert len(completed) <= params.n
+        # nothing is left active
+        assert all(n["state"] not in ("running", "ghost") for n in nodes)
+    # unique tokens: tokens each engine trace generated itself (its own output), pruned
+    # traces included, equal the tournament's accounting, question by question
+    by_q: dict[str, list[int]] = {}
+    for t, info in infos.items():
+        (qid,) = [q for q, p in drv_prompts(n_questions, seed).items()
+                  if tuple(info.prompt_ids[: len(p)]) == p]
+        by_q.setdefault(qid, []).append(t)
+    prompts = by_q
+    recount = {q: sum(len(infos[t].output_ids) for t in ts) for q, ts in prompts.items()}
+    assert recount == {r["id"]: r["unique_tokens"] for r in results}
+    assert drv.tokens == sum(recount.values())
+
+
+def test_ghosts_appear_under_memory_pressure_and_are_pruned():
+    params = Params(n=8, capacity=8, swap=2, interval=2, warmup=4, floor=0.0, max_tokens=80)
+    _, _, results = _run(params, num_blocks=16, seed=3, n_questions=1, max_live=8)
+    (r,) = results
+    assert r["tree_stats"]["ghosts"] > 0
+    ghosted = [n for n in r["tree"] if n["evictions"]]
+    assert any(n["state"] == "pruned" for n in ghosted)
+
+
+def test_without_pressure_there_are_no_ghosts():
+    params = Params(n=8, capacity=8, swap=2, interval=2, warmup=4, floor=0.0)
+    _, _, (r,) = _run(params, num_blocks=4096, seed=3, n_questions=1, max_live=8)
+    assert r["tree_stats"]["ghosts"] == 0
+    assert r["tree_stats"]["branches"] > 0 and r["tree_stats"]["prunes"] > 0
+
+
+# ----------------------------------------------------------------------------- pure, by hand
+
+
+def _tour(**kw) -> Tournament:
+    base = dict(capacity=4, swap=2, interval=1, warmup=2, floor=0.0)
+    return Tournament(TournamentConfig(**(base | kw)))
+
+
+def _tick(t: Tournament, nodes, k: int = 1):
+    return t.handle(Progress({n: NodeDelta((9,) * k) for n in nodes}))
+
+
+def test_round_prunes_bottom_k_and_forks_top_k():
+    t = _tour()
+    assert [type(a) for a in t.start()] == [Spawn] * 4
+    for n, s in enumerate([0.9, 0.1, 0.8, 0.2]):
+        t.handle(Scored(n, 1, s))
+    t.handle(Progress({n: NodeDelta((9, 9)) for n in range(4)}))  # 2 tokens each: past warmup
+    acts = t.round_log[-1]
+    assert acts["pruned"] == 2
+    assert sorted(acts["parents"]) == [0, 2]
+    assert t.nodes[1].state is NodeState.PRUNED and t.nodes[3].state is NodeState.PRUNED
+    children = [n for n in t.nodes.values() if n.parent is not None]
+    assert len(children) == 2 and len(t.active()) == 4
+    # a child inherits its parent's score history up to the branch point
+    for c in children:
+        assert c.scores == t.nodes[c.parent].scores and c.inherited == 2
+
+
+def test_branch_point_boundary_cuts_at_the_last_scored_boundary():
+    t = _tour()
+    t.start()
+    for n in range(4):
+        t.handle(Scored(n, 0, 0.5 + n / 10))
+    acts = t.handle(Progress({n: NodeDelta((9, 9, 9)) for n in range(4)}))
+    forks = [a for a in acts if isinstance(a, Fork)]
+    assert forks and all(f.at == 1 for f in forks)  # boundary at output index 0 -> cut after it
+    t2 = _tour(branch_point="current")
+    t2.start()
+    for n in range(4):
+        t2.handle(Scored(n, 0, 0.5 + n / 10))
+    acts = t2.handle(Progress({n: NodeDelta((9, 9, 9)) for n in range(4)}))
+    assert all(f.at is None for f in acts if isinstance(f, Fork))
+
+
+def test_hard_floor_prunes_and_refills():
+    t = _tour(floor=0.3, swap=1)
+    t.start()
+    for n, s in enumerate([0.9, 0.05, 0.8, 0.7]):
+        t.handle(Scored(n, 1, s))
+    acts = _tick(t, range(4), 2)
+    assert Prune(1) in acts
+    assert len(t.active()) == 4
+
+
+def test_young_traces_are_neither_ranked_nor_parents():
+    t = _tour(warmup=10)
+    t.start()
+    for n in range(4):
+        t.handle(Scored(n, 0, n / 4))
+    acts = _tick(t, range(4), 3)
+    assert not [a for a in acts if isinstance(a, Prune | Fork)]
+
+
+def test_ghosts_count_toward_capacity_and_are_never_parents():
+    t = _tour(swap=1, interval=3)
+    t.start()
+    for n, s in enumerate([0.9, 0.1, 0.8, 0.2]):
+        t.handle(Scored(n, 1, s))
+    _tick(t, range(4), 2)  # every node past warmup; no round yet
+    acts = t.handle(MemoryPressure(evict=2))
+    assert [a.node for a in acts] == [1, 3]  # lowest scored first
+    t.handle(Scored(0, 2, 0.95))
+    _tick(t, [0, 2], 2)
+    acts = _tick(t, [0, 2], 2)  # the round
+    assert len(t.active()) == 4
+    assert all(f.parent in (0, 2) for f in acts if isinstance(f, Fork))
+    # the worst (a ghost) is the swap victim
+    assert Prune(1) in acts
+
+
+def test_memory_pressure_keeps_one_trace_running():
+    t = _tour()
+    t.start()
+    acts = t.handle(MemoryPressure(evict=10))
+    assert len(acts) == 3 and len(t.running()) == 1
+
+
+def test_budget_stops_and_active_traces_do_not_vote():
+    t = _tour(budget=2)
+    t.start()
+    t.handle(Finished(0, "stop", "5"))
+    t.handle(Finished(0, "stop", "5"))  # a repeated finish votes once
+    acts = t.handle(Finished(1, "length", None))
+    assert isinstance(acts[-1], Stop) and sorted(acts[-1].nodes) == [2, 3]
+    assert t.done and [v[0] for v in t.votes()] == [0, 1]
+    assert t.handle(Finished(2, "stop", "7")) == []
+
+
+def test_failures_are_replaced():
+    t = _tour()
+    t.start()
+    t.handle(Finished(0, "error", error="boom"))
+    acts = _tick(t, [1, 2, 3])
+    assert len(t.active()) == 4 and any(isinstance(a, Spawn) for a in acts)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(capacity=6, swap=4), "2K"), (dict(interval=0), "interval"), (dict(warmup=0), "warmup"),
+    (dict(warmup=-3), "warmup"), (dict(swap=0), "swap"), (dict(branch_point="x"), "branch_point"),
+])
+def test_bad_parameters_are_one_line_errors(kw, msg):
+    with pytest.raises(TournamentConfigError, match=msg) as e:
+        TournamentConfig(**kw)
+    assert "\n" not in str(e.value)
