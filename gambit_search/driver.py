@@ -99,6 +99,9 @@ class _Q:
     trace_of: dict[int, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     slots: int = 0
+    fork_prompt: dict[int, int] = field(default_factory=dict)  # forked node -> prompt length
+    cache: dict[str, int] = field(default_factory=lambda: {"forks": 0, "prompt_tokens": 0,
+                                                           "cached_tokens": 0})
 
 
 class Driver:
@@ -220,6 +223,10 @@ class Driver:
                 continue
             st, node = own
             key = str(st.q.id)
+            if d.num_cached_tokens is not None and node in st.fork_prompt:
+                st.cache["forks"] += 1
+                st.cache["prompt_tokens"] += st.fork_prompt.pop(node)
+                st.cache["cached_tokens"] += d.num_cached_tokens
             if d.token_ids:
                 progress.setdefault(key, {})[node] = NodeDelta(tuple(d.token_ids), d.logprobs)
                 self.tokens += len(d.token_ids)
@@ -263,6 +270,7 @@ class Driver:
                     self._apply(st, st.policy.handle(Finished(a.node, "error", error=str(e))))
                     continue
                 self._bind(st, a.node, t, parent)
+                st.fork_prompt[a.node] = len(st.prompt) + self.params_inherited(st, a)
             elif isinstance(a, Prune):
                 self._kill(st, a.node)
             elif isinstance(a, Evict):
@@ -274,6 +282,11 @@ class Driver:
                     self._kill(st, n)
             else:
                 raise TypeError(f"unknown action {a!r}")
+
+    def params_inherited(self, st: _Q, a: Fork) -> int:
+        """Output tokens the fork ``a`` inherits (from the policy's tree when it has one)."""
+        nodes = getattr(st.policy, "nodes", None)
+        return nodes[a.node].inherited if nodes and a.node in nodes else 0
 
     def _bind(self, st: _Q, node: int, trace: int, parent_trace: int | None) -> None:
         st.trace_of[node] = trace
@@ -349,7 +362,7 @@ class Driver:
             "answer_top1": answers["top1"], "correct_top1": ok(answers["top1"]),
             "votes": vote_table(votes), "unique_tokens": stats["unique_tokens"],
             "wall_s": round(time.perf_counter() - st.t0, 3), "tree_stats": stats,
-            "error": error, "tree": p.tree(),
+            "error": error, "prefix_cache": dict(st.cache), "tree": p.tree(),
             "rounds": getattr(p, "round_log", []),
         }
 

@@ -340,7 +340,8 @@ def rescore(run_dir: str, rule: str) -> dict:
 # ----------------------------------------------------------------------------- run
 
 
-def _engine(cfg: SolveConfig, needs_conf: bool):
+def start_engine(cfg: SolveConfig, needs_confidence: bool = False) -> tuple[Any, Any]:
+    """(engine, decode) for ``cfg``: vLLM on ``cfg.model`` or the scripted fake engine."""
     if cfg.engine == "fake":
         from gambit_search.fake_engine import FakeEngine, FakeEngineConfig
 
@@ -351,26 +352,37 @@ def _engine(cfg: SolveConfig, needs_conf: bool):
     eng = VLLMEngine(VLLMEngineConfig(
         model=cfg.model, max_num_seqs=cfg.max_live, seed=cfg.seed,
         kv_cache_memory_bytes=int(cfg.kv_cache * (1 << 30)), detokenize=False,
-        sampled_logprobs=needs_conf))
+        sampled_logprobs=needs_confidence))
     tok = eng.tokenizer
     return eng, lambda ids: tok.decode(ids, skip_special_tokens=True)
 
 
-def solve(cfg: SolveConfig, question: str | None = None, *, engine: Any = None,
-          decode: Any = None, progress: bool = True) -> dict:
-    """Run gambit-solve; returns the summary (with ``results``: the rows of this run).
+@dataclass
+class Prepared:
+    """A run checked and loaded up to (not including) the engine."""
 
-    ``engine`` / ``decode``: an already started engine and its decoder (tests and benchmarks
-    share one); it is left open."""
-    from gambit_search.driver import Driver, DriverConfig
-    from gambit_search.engine import SamplingSpec
+    cfg: SolveConfig
+    question: str | None
+    method: Any
+    questions: list[Any]
+    scorer: Any
+    tokenizer: Any
+    todo: list[Any]
+
+    @property
+    def needs_confidence(self) -> bool:
+        return bool(self.scorer is not None and self.scorer.needs_confidence)
+
+
+def prepare(cfg: SolveConfig, question: str | None = None, hidden_size: int | None = None
+            ) -> Prepared:
+    """Every check that needs no engine (config, questions, model facts, scorer fit, the
+    output directory); raises :class:`SolveInputError`."""
     from gambit_search.methods import get_method
-    from gambit_search.scoring import RuntimeScorer
 
     check_config(cfg, question)
     method = get_method(cfg.method)
     questions = load_run_questions(cfg, question)
-    # model facts and the scorer are checked before any engine starts
     tok = None
     if cfg.engine == "vllm":
         hidden, tok = _model_facts(cfg.model)
@@ -378,92 +390,128 @@ def solve(cfg: SolveConfig, question: str | None = None, *, engine: Any = None,
 
         bids = boundary_token_ids(tok) if method.scores_traces else None
     else:
-        hidden, bids = 16, [4]
-    if engine is not None:
-        hidden = engine.hidden_size
-    scorer = load_run_scorer(cfg, hidden, bids)
+        from gambit_search.fake_engine import BOUNDARY, FakeEngineConfig
+
+        hidden, bids = FakeEngineConfig().hidden_size, [BOUNDARY]
+    scorer = load_run_scorer(cfg, hidden_size or hidden, bids)
     ident: dict = {}
     if cfg.engine == "vllm":
         from data_pipelines.harvest import model_identity
 
         ident["model_hash"] = model_identity(cfg.model)[0]
-    out = Path(cfg.out) if cfg.out else None
     done: set[str] = set()
-    if out is not None:
-        done = prepare_out(out, cfg, ident)
+    if cfg.out:
+        done = prepare_out(Path(cfg.out), cfg, ident)
     todo = [q for q in questions if str(q.id) not in done]
-    own = engine is None
+    return Prepared(cfg, question, method, questions, scorer, tok, todo)
+
+
+def _prompt_fn(prep: Prepared, engine: Any):
+    if prep.cfg.engine == "fake":
+        from gambit_search.fake_engine import FIRST_TEXT
+
+        return lambda q: [1] + [FIRST_TEXT + (ord(c) % 50) for c in q.question]
+    from data_pipelines.prompts import build_prompt_ids
+
+    tok = prep.tokenizer or engine.tokenizer
+    return lambda q: build_prompt_ids(q.question, tok)
+
+
+def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True) -> dict:
+    """Solve a prepared run on a started engine (left open); returns the summary, with
+    ``results``: this run's rows."""
+    from gambit_search.driver import Driver, DriverConfig
+    from gambit_search.engine import SamplingSpec
+    from gambit_search.scoring import RuntimeScorer
+
+    cfg, method = prep.cfg, prep.method
+    out = Path(cfg.out) if cfg.out else None
+    spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                        max_tokens=cfg.max_tokens, logprobs=method.logprobs)
+    driver = Driver(engine, method, cfg, prompt_ids=_prompt_fn(prep, engine), decode=decode,
+                    spec=spec, scorer=RuntimeScorer(prep.scorer) if prep.scorer else None,
+                    config=DriverConfig(max_live=cfg.max_live, seed=cfg.seed,
+                                        vote_rule=cfg.rule))
+    bar = None
+    if progress and cfg.dataset is not None and prep.todo:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prep.todo), unit="q", desc=f"{PROG} {method.name}",
+                   dynamic_ncols=True, file=sys.stderr)
     rows: list[dict] = []
+    right = graded = 0
     t0 = time.perf_counter()
-    driver = None
-    if todo:
-        if own:
-            engine, decode = _engine(cfg, bool(scorer is not None and scorer.needs_confidence))
-        if cfg.engine == "fake":
-            from gambit_search.fake_engine import FIRST_TEXT
-
-            def prompt_ids(q: Any) -> list[int]:
-                return [1] + [FIRST_TEXT + (ord(c) % 50) for c in q.question]
-        else:
-            from data_pipelines.prompts import build_prompt_ids
-
-            tok = tok or engine.tokenizer
-
-            def prompt_ids(q: Any) -> list[int]:
-                return build_prompt_ids(q.question, tok)
-
-        spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                            max_tokens=cfg.max_tokens, logprobs=method.logprobs)
-        driver = Driver(engine, method, cfg, prompt_ids=prompt_ids, decode=decode, spec=spec,
-                        scorer=RuntimeScorer(scorer) if scorer is not None else None,
-                        config=DriverConfig(max_live=cfg.max_live, seed=cfg.seed,
-                                            vote_rule=cfg.rule))
-        bar = None
-        if progress and cfg.dataset is not None:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(todo), unit="q", desc=PROG, dynamic_ncols=True,
-                       file=sys.stderr)
-        right = graded = 0
-        try:
-            for r in driver.run(todo):
-                if out is not None:
-                    write_result(out, r)
-                else:
-                    r.pop("rounds", None)
-                rows.append(r)
-                if r.get("gold"):
-                    graded += 1
-                    right += bool(r["correct"])
-                if bar is not None:
-                    el = time.perf_counter() - t0
-                    bar.update(1)
-                    bar.set_postfix(acc=f"{right / max(1, graded):.3f}",
-                                    tok_s=f"{driver.tokens / max(el, 1e-9):.0f}")
-        finally:
+    try:
+        for r in driver.run(prep.todo):
+            if out is not None:
+                write_result(out, r)
+            else:
+                r.pop("rounds", None)
+            rows.append(r)
+            if r.get("gold"):
+                graded += 1
+                right += bool(r["correct"])
             if bar is not None:
-                bar.close()
-            if own:
-                engine.close()
+                bar.update(1)
+                bar.set_postfix(acc=f"{right / max(1, graded):.3f}",
+                                tok_s=f"{driver.tokens / max(time.perf_counter() - t0, 1e-9):.0f}")
+    finally:
+        if bar is not None:
+            bar.close()
     wall = time.perf_counter() - t0
     all_rows = read_results(out) if out is not None else rows
-    cfgd = asdict(cfg)
+    tm = dict(driver.timing)
+    tm["search_overhead_pct"] = round(100 * (tm["scoring_s"] + tm["policy_s"] + tm["memory_s"]
+                                             + tm["other_s"]) / max(tm["wall_s"], 1e-9), 3)
+    comps = sum(r.get("tree_stats", {}).get("completions", 0) for r in rows)
+    cache = {k: sum(r.get("prefix_cache", {}).get(k, 0) for r in rows)
+             for k in ("forks", "prompt_tokens", "cached_tokens")}
     extra = {"wall_s": round(wall, 3), "questions_this_run": len(rows),
-             "unique_tokens_this_run": sum(r["unique_tokens"] for r in rows),
-             "completions_per_s": (sum(r.get("tree_stats", {}).get("completions", 0)
-                                       for r in rows) / wall) if rows and wall > 0 else None,
-             "tokens_per_s": (driver.tokens / wall) if driver and wall > 0 else None}
-    if driver is not None:
-        tm = dict(driver.timing)
-        tm["search_overhead_pct"] = round(100 * (tm["scoring_s"] + tm["policy_s"]
-                                                 + tm["memory_s"] + tm["other_s"])
-                                          / max(tm["wall_s"], 1e-9), 3)
-        extra["timing"] = tm
-    summary = summarize(all_rows, cfgd, extra)
+             "unique_tokens_this_run": driver.tokens,
+             "completions_per_s": comps / wall if rows and wall > 0 else None,
+             "tokens_per_s": driver.tokens / wall if rows and wall > 0 else None,
+             "prefix_cache": cache, "timing": tm}
+    summary = summarize(all_rows, asdict(cfg), extra)
     if out is not None:
         _atomic_write(out / "results.json", json.dumps(summary, indent=2))
     summary["results"] = rows
     return summary
+
+
+def solve(cfg: SolveConfig, question: str | None = None, *, engine: Any = None,
+          decode: Any = None, progress: bool = True) -> dict:
+    """Run gambit-solve for one method; returns the summary (``results``: this run's rows).
+
+    ``engine`` / ``decode``: an already started engine and its decoder (tests and benchmarks
+    share one); it is left open."""
+    prep = prepare(cfg, question, engine.hidden_size if engine is not None else None)
+    if engine is not None:
+        return run_prepared(prep, engine, decode, progress)
+    if not prep.todo:
+        return run_prepared(prep, None, None, progress)
+    engine, decode = start_engine(cfg, prep.needs_confidence)
+    try:
+        return run_prepared(prep, engine, decode, progress)
+    finally:
+        engine.close()
+
+
+def solve_methods(cfg: SolveConfig, methods: list[str], question: str | None = None,
+                  progress: bool = True) -> list[dict]:
+    """Several methods on one engine, one after another (``--method gambit,sc``): each writes
+    to ``<out>/<method>``. Every run is checked before the engine starts."""
+    from dataclasses import replace
+
+    preps = [prepare(replace(cfg, method=m, out=str(Path(cfg.out) / m) if cfg.out else None),
+                     question) for m in methods]
+    engine = decode = None
+    if any(p.todo for p in preps):
+        engine, decode = start_engine(cfg, any(p.needs_confidence for p in preps))
+    try:
+        return [run_prepared(p, engine, decode, progress) for p in preps]
+    finally:
+        if engine is not None:
+            engine.close()
 
 
 # ----------------------------------------------------------------------------- printing
@@ -488,23 +536,27 @@ def _print_one(r: dict) -> None:
             f"{r['unique_tokens']} unique tokens, {r['wall_s']:.1f} s")
 
 
-def _print_summary(s: dict) -> None:
+def _print_summary(runs: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     def pct(x: float | None) -> str:
         return "-" if x is None else f"{100 * x:.1f}%"
 
-    t = Table(title=f"{PROG}: {s['config']['method']} on {s['config']['dataset']}")
-    for col in ("questions", "accuracy", "weighted", "plain", "top-1", "unique tok/q", "wall s",
-                "completions/s", "failed"):
-        t.add_column(col)
-    cps = s.get("completions_per_s")
-    t.add_row(str(s["questions"]), pct(s["accuracy"]), pct(s["accuracy_weighted"]),
-              pct(s["accuracy_plain"]), pct(s["accuracy_top1"]),
-              f"{s['unique_tokens_per_question']:.0f}", f"{s['wall_s']:.1f}",
-              "-" if cps is None else f"{cps:.2f}", str(s["failed"]))
-    Console(stderr=False).print(t)
+    cfg = runs[0]["config"]
+    t = Table(title=f"{PROG} on {cfg['dataset']} (n={cfg['n']})")
+    for col in ("method", "qs", "acc", "weighted", "plain", "top-1", "tok/q", "wall s", "done/s"):
+        t.add_column(col, justify="right" if col != "method" else "left")
+    for s in runs:
+        cps = s.get("completions_per_s")
+        t.add_row(s["config"]["method"], str(s["questions"]), pct(s["accuracy"]),
+                  pct(s["accuracy_weighted"]), pct(s["accuracy_plain"]), pct(s["accuracy_top1"]),
+                  f"{s['unique_tokens_per_question']:.0f}", f"{s['wall_s']:.1f}",
+                  "-" if cps is None else f"{cps:.1f}")
+    Console().print(t)
+    failed = sum(s["failed"] for s in runs)
+    if failed:
+        print(f"{PROG}: {failed} question(s) failed: see 'error' in results.jsonl", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -522,22 +574,25 @@ def main(argv: list[str] | None = None) -> None:
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    methods = list(dict.fromkeys(m.strip() for m in cfg.method.split(",") if m.strip()))
     try:
         if cfg.rescore is not None:
-            res = rescore(cfg.rescore, cfg.rule or "weighted")
-            print(json.dumps(res, indent=1))
+            print(json.dumps(rescore(cfg.rescore, cfg.rule or "weighted"), indent=1))
             return
-        s = solve(cfg, question)
+        if len(methods) == 1:
+            runs = [solve(cfg, question)]
+        else:
+            runs = solve_methods(cfg, methods, question)
     except SolveInputError as e:
         p.exit(2, f"{PROG}: error: {e}\n")
     if question is not None:
-        _print_one(s["results"][0])
+        for s in runs:
+            print(f"== {s['config']['method']}")
+            _print_one(s["results"][0])
     else:
-        _print_summary(s)
-        print(f"results: {cfg.out}/results.jsonl, summary: {cfg.out}/results.json",
-              file=sys.stderr)
+        _print_summary(runs)
+        print(f"{PROG}: results in {cfg.out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
     main()
-

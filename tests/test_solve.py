@@ -1,0 +1,133 @@
+"""gambit-solve on the scripted fake engine: outputs, resume, rescore, and what a user sees
+for bad input (the command's stderr)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gambit_search.solve import SolveConfig, SolveInputError, rescore, solve
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def fake_scorer(tmp_path_factory) -> str:
+    """A random MLP scorer for the fake engine's 16-wide states (boundary token 4)."""
+    import torch
+
+    from gambit_scorer.checkpoint import save_checkpoint
+    from gambit_scorer.models import StepMLP
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("scorer") / "ckpt.pt"
+    save_checkpoint(path, StepMLP(16, [8]), features=["hidden"], hidden_size=16,
+                    boundary_token_ids=[4])
+    return str(path)
+
+
+def _cfg(tmp_path: Path, scorer: str, **kw) -> SolveConfig:
+    base = dict(engine="fake", dataset="toy:val:6", n=6, swap=2, interval=2, warmup=4,
+                scorer=scorer, out=str(tmp_path / "run"), max_tokens=60)
+    return SolveConfig(**(base | kw))
+
+
+def test_dataset_run_writes_results_trees_and_summary(tmp_path, fake_scorer):
+    s = solve(_cfg(tmp_path, fake_scorer), progress=False)
+    out = tmp_path / "run"
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 == s["questions"]
+    for r in rows:
+        assert {"answer_weighted", "answer_plain", "votes", "unique_tokens", "wall_s",
+                "tree_stats", "correct"} <= set(r)
+        tree = json.loads((out / "trees" / f"{r['id']}.json").read_text())
+        assert len(tree["nodes"]) == r["tree_stats"]["nodes"]
+        assert sum(n["generated"] for n in tree["nodes"]) == r["unique_tokens"]
+        assert r["tree_stats"]["branches"] > 0
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["config"]["method"] == "gambit" and "versions" in summary
+    assert summary["unique_tokens"] == sum(r["unique_tokens"] for r in rows)
+
+
+def test_rerun_skips_finished_questions_and_other_config_is_refused(tmp_path, fake_scorer):
+    cfg = _cfg(tmp_path, fake_scorer, max_questions=3)
+    first = solve(cfg, progress=False)
+    assert len(first["results"]) == 3
+    # a crash cut the last line: that question is redone, the others are not
+    res = tmp_path / "run" / "results.jsonl"
+    lines = res.read_text().splitlines()
+    res.write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])
+    again = solve(cfg, progress=False)
+    assert [r["id"] for r in again["results"]] == [json.loads(lines[2])["id"]]
+    assert again["questions"] == 3
+    with pytest.raises(SolveInputError, match="another config"):
+        solve(_cfg(tmp_path, fake_scorer, max_questions=3, swap=1), progress=False)
+
+
+def test_rescore_revotes_without_a_model(tmp_path, fake_scorer):
+    solve(_cfg(tmp_path, fake_scorer), progress=False)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    for rule, key in (("plain", "answer_plain"), ("weighted", "answer_weighted"),
+                      ("top1", "answer_top1")):
+        r = rescore(str(tmp_path / "run"), rule)
+        assert r["questions"] == 6
+        want = sum(x[key] != x["answer"] for x in rows)
+        assert r["answers_changed"] == want
+
+
+def test_sc_votes_every_trace_once(tmp_path):
+    s = solve(_cfg(tmp_path, "none", method="sc", n=5), progress=False)
+    for r in s["results"]:
+        assert r["tree_stats"]["completions"] == 5
+        assert r["tree_stats"]["branches"] == 0
+        assert sum(v["count"] for v in r["votes"]) <= 5
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gambit_search.solve", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--method", "nope", "some question"], "unknown method 'nope'"),
+    (["--capacity", "6", "--swap", "4", "q"], "must be >= 2K"),
+    (["--warmup", "0", "q"], "warmup w must be > 0"),
+    (["--interval", "-1", "q"], "interval D must be > 0"),
+    (["   "], "the question is empty"),
+    (["--dataset", "/nonexistent/x.jsonl", "--out", "OUT"], "cannot load dataset"),
+    (["--dataset", "toy:test:2"], "--dataset needs --out"),
+    (["--scorer", "/nonexistent.pt", "q"], "does not exist"),
+    (["--scorer", "none", "q"], "needs a scorer"),
+    (["--model", "/nonexistent/model", "q"], "does not exist"),
+    (["--rule", "best", "q"], "--rule must be one of"),
+    (["--rescore", "/nonexistent/run"], "no results.jsonl"),
+])
+def test_bad_input_is_one_line_on_stderr(tmp_path, args, msg):
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    p = _cli(*args)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gambit-solve: error: "), p.stderr
+    assert msg in lines[0]
+    assert "Traceback" not in p.stderr
+
+
+def test_scorer_for_another_model_is_refused_before_the_engine(tmp_path, fake_scorer):
+    p = _cli("--scorer", fake_scorer, "Start 3. Ops: +1. Mod 100.")  # 16-wide vs toy's 128
+    assert p.returncode == 2
+    assert "hidden size" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_help_imports_nothing_heavy():
+    p = _cli("--help")
+    assert p.returncode == 0 and "--swap" in p.stdout and "[paper 16]" in p.stdout
+    code = ("import sys; from gambit_search.solve import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "bad = [m for m in ('vllm', 'torch', 'transformers') if m in sys.modules]\n"
+            "print('HEAVY', bad)")
+    q = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert "HEAVY []" in q.stdout, q.stdout
