@@ -1,0 +1,134 @@
+"""Gambit vs SC on one engine, same questions, same concurrency: throughput, overhead, accuracy.
+
+    # throughput ratio + search overhead (alternating order, median of repeats)
+    .venv/bin/python benchmarks/solve_bench.py --dataset toy:val:64 --n 32 --repeats 3 --out runs/bench.json
+    # a parameter sweep on the val split (Gambit only, each setting once)
+    .venv/bin/python benchmarks/solve_bench.py --dataset toy:val:100 --n 32 --methods gambit \\
+        --grid swap=2,4,8 interval=4,8,16 --out runs/sweep.json
+    # the accuracy table (test split, touched once, with the settings chosen on val)
+    .venv/bin/python benchmarks/solve_bench.py --dataset toy:test:200 --n 32 --repeats 1 --out runs/test32.json
+
+Every run goes through gambit-solve's own code (``gambit_search.solve.prepare`` /
+``run_prepared``) on one ``VLLMEngine`` started like gambit-solve's. Per run it records
+tokens/s of the loop (unique generated tokens / wall of ``Driver.run``), the search's own
+cost (scoring + policy + memory handling + driver bookkeeping, % of that wall), accuracy
+under each vote rule, unique tokens and completions/s. Ratios are taken between runs of
+the same repeat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+
+def _grid(items: list[str]) -> list[dict]:
+    keys, vals = [], []
+    for it in items:
+        k, v = it.split("=", 1)
+        keys.append(k.replace("-", "_"))
+        vals.append([_num(x) for x in v.split(",")])
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*vals)]
+
+
+def _num(x: str):
+    for t in (int, float):
+        try:
+            return t(x)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(x.lower(), x)
+
+
+def _row(s: dict, label: str, repeat: int) -> dict:
+    tm = s["timing"]
+    return {
+        "label": label, "method": s["config"]["method"], "repeat": repeat,
+        "questions": s["questions_this_run"], "accuracy": s["accuracy"],
+        "accuracy_weighted": s["accuracy_weighted"], "accuracy_plain": s["accuracy_plain"],
+        "accuracy_top1": s["accuracy_top1"], "unique_tokens": s["unique_tokens_this_run"],
+        "tokens_per_s": s["tokens_per_s"], "completions_per_s": s["completions_per_s"],
+        "wall_s": s["wall_s"], "search_overhead_pct": tm["search_overhead_pct"],
+        "timing": tm, "prefix_cache": s["prefix_cache"],
+        "params": {k: s["config"][k] for k in ("n", "capacity", "swap", "interval", "warmup",
+                                               "floor", "branch_point", "child_temperature")},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", default="toy:val:64")
+    p.add_argument("--n", type=int, default=32)
+    p.add_argument("--methods", default="sc,gambit")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--grid", nargs="*", default=[], help="gambit settings to sweep: key=v1,v2")
+    p.add_argument("--set", nargs="*", default=[], help="fixed gambit settings: key=value")
+    p.add_argument("--kv-cache", type=float, default=1.0)
+    p.add_argument("--max-live", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+
+    from gambit_search.solve import SolveConfig, prepare, run_prepared, start_engine
+
+    base = SolveConfig(dataset=a.dataset, n=a.n, kv_cache=a.kv_cache, max_live=a.max_live,
+                       seed=a.seed, **{k: v for d in _grid(a.set) for k, v in d.items()})
+    settings = _grid(a.grid) or [{}]
+    methods = a.methods.split(",")
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = json.loads(out.read_text())["runs"] if out.exists() else []
+    done = {(r["label"], r["repeat"]) for r in rows}
+    engine, decode = start_engine(base)
+    t_all = time.perf_counter()
+    try:
+        for rep in range(a.repeats):
+            jobs = []
+            for m in methods:
+                for st in (settings if m == "gambit" else [{}]):
+                    label = m + "".join(f" {k}={v}" for k, v in st.items())
+                    jobs.append((label, replace(base, method=m, **st)))
+            if rep % 2:
+                jobs.reverse()  # alternate which method runs first
+            for label, cfg in jobs:
+                if (label, rep) in done:
+                    continue
+                s = run_prepared(prepare(cfg, None, engine.hidden_size), engine, decode)
+                rows.append(_row(s, label, rep))
+                r = rows[-1]
+                print(f"{label} [rep {rep}]: acc {r['accuracy']:.3f} (w {r['accuracy_weighted']:.3f} "
+                      f"p {r['accuracy_plain']:.3f} t1 {r['accuracy_top1']:.3f}) "
+                      f"{r['unique_tokens'] / max(1, r['questions']):.0f} tok/q "
+                      f"{r['tokens_per_s']:.0f} tok/s overhead {r['search_overhead_pct']:.1f}% "
+                      f"wall {r['wall_s']:.1f}s", flush=True)
+                out.write_text(json.dumps({"args": vars(a), "runs": rows}, indent=1))
+    finally:
+        engine.close()
+    # ratios of the same repeat
+    ratios = []
+    for rep in range(a.repeats):
+        sc = [r for r in rows if r["repeat"] == rep and r["method"] == "sc"]
+        for g in (r for r in rows if r["repeat"] == rep and r["method"] == "gambit"):
+            if sc:
+                ratios.append({"label": g["label"], "repeat": rep,
+                               "throughput_ratio": g["tokens_per_s"] / sc[0]["tokens_per_s"],
+                               "token_ratio": g["unique_tokens"] / sc[0]["unique_tokens"],
+                               "completions_ratio": g["completions_per_s"] / sc[0]["completions_per_s"]})
+    summary = {}
+    for label in dict.fromkeys(r["label"] for r in ratios):
+        rs = [r for r in ratios if r["label"] == label]
+        summary[label] = {k: statistics.median(r[k] for r in rs)
+                          for k in ("throughput_ratio", "token_ratio", "completions_ratio")}
+    out.write_text(json.dumps({"args": vars(a), "runs": rows, "ratios": ratios,
+                               "median_ratios": summary,
+                               "bench_wall_s": round(time.perf_counter() - t_all, 1)}, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
