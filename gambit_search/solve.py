@@ -153,8 +153,6 @@ def check_config(cfg: SolveConfig, question: str | None) -> None:
         raise _err("give one question as text, or --dataset (not both)")
     if question is not None and not question.strip():
         raise _err("the question is empty")
-    if cfg.dataset is not None and cfg.out is None:
-        raise _err("--dataset needs --out DIR (results are written there as they finish)")
     if cfg.n < 1:
         raise _err(f"--n must be >= 1, got {cfg.n}")
     if cfg.rule is not None and cfg.rule not in RULES:
@@ -576,6 +574,8 @@ def main(argv: list[str] | None = None) -> None:
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     methods = list(dict.fromkeys(m.strip() for m in cfg.method.split(",") if m.strip()))
     try:
+        if cfg.rescore is None and cfg.dataset is not None and cfg.out is None:
+            raise _err("--dataset needs --out DIR (results are written there as they finish)")
         if cfg.rescore is not None:
             print(json.dumps(rescore(cfg.rescore, cfg.rule or "weighted"), indent=1))
             return

@@ -131,3 +131,18 @@ def test_help_imports_nothing_heavy():
             "print('HEAVY', bad)")
     q = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert "HEAVY []" in q.stdout, q.stdout
+
+
+def test_scorer_with_other_boundary_tokens_is_refused(tmp_path):
+    import torch
+
+    from gambit_scorer.checkpoint import save_checkpoint
+    from gambit_scorer.models import StepMLP
+
+    torch.manual_seed(0)
+    path = tmp_path / "ckpt.pt"  # the toy policy's hidden size, another tokenizer's boundary
+    save_checkpoint(path, StepMLP(128, [8]), features=["hidden"], hidden_size=128,
+                    boundary_token_ids=[7, 99])
+    p = _cli("--scorer", str(path), "Start 3. Ops: +1. Mod 100.")
+    assert p.returncode == 2
+    assert "boundar" in p.stderr and len(p.stderr.strip().splitlines()) == 1
