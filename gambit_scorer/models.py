@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 
 # One layer's attention cache: keys and values [B, n_head, T, head_dim].
 KVCache = tuple[Tensor, Tensor]
@@ -264,14 +265,15 @@ class SeqScorer(nn.Module):
             cos, sin = attn.rope(pos)  # [B, head_dim]
             cos, sin = cos[:, None, None, :], sin[:, None, None, :]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-            K = k.new_zeros(B, attn.nhead, L + 1, attn.head_dim)
-            V = torch.zeros_like(K)
-            for i, p in enumerate(pasts):
-                if p is not None and lens[i]:
-                    K[i, :, : lens[i]] = p[li][0][0]
-                    V[i, :, : lens[i]] = p[li][1][0]
-            K[:, :, L] = k[:, :, 0]
-            V[:, :, L] = v[:, :, 0]
+            # pad the past keys/values to L in one call each, then append the new step
+            empty = k.new_zeros(0, attn.nhead, attn.head_dim)
+            ks = [empty if p is None else p[li][0][0].transpose(0, 1) for p in pasts]
+            vs = [empty if p is None else p[li][1][0].transpose(0, 1) for p in pasts]
+            if L:
+                K = torch.cat((pad_sequence(ks, batch_first=True).transpose(1, 2), k), dim=2)
+                V = torch.cat((pad_sequence(vs, batch_first=True).transpose(1, 2), v), dim=2)
+            else:
+                K, V = k, v
             y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
             h = h + layer.drop(attn.out_proj(y.transpose(1, 2).reshape(B, 1, D)))
             h = h + layer.drop(layer.ffn(layer.norm2(h)))

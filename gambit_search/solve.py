@@ -59,9 +59,9 @@ class SolveConfig:
     """Budget: completed traces per question (SC: traces per question)."""
     capacity: int | None = None
     """Gambit's C, logically active traces per question (default: n) [paper 256]."""
-    swap: int = 4
+    swap: int = 1
     """Gambit's K, traces swapped per round [paper 16]."""
-    interval: int = 8
+    interval: int = 16
     """Gambit's D, decode steps of a question between rounds [paper 200]."""
     warmup: int = 32
     """Gambit's w, output tokens before a trace is ranked or may branch [paper 12000]."""

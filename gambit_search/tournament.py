@@ -4,7 +4,7 @@ Events in (a trace scored at a boundary, a trace finished, new tokens, memory pr
 actions out (spawn, fork parent, prune, evict to ghost, revive, stop): see
 :mod:`gambit_search.policy`. No engine call inside.
 
-    t = Tournament(TournamentConfig(capacity=32, swap=4, interval=8, warmup=32))
+    t = Tournament(TournamentConfig(capacity=32, swap=1, interval=16, warmup=32))
     actions = t.start()                       # capacity x Spawn
     actions = t.handle(Scored(node=3, output_index=17, score=0.81))
     actions = t.handle(Progress({3: NodeDelta((5, 6))}))   # may run a round
@@ -79,9 +79,9 @@ class TournamentConfig:
 
     capacity: int = 32
     """C: logically active traces kept per question [256]."""
-    swap: int = 4
+    swap: int = 1
     """K: traces swapped per round when the pool is full [16]."""
-    interval: int = 8
+    interval: int = 16
     """D: decode steps of the question between rounds [200]."""
     warmup: int = 32
     """w: output tokens a trace needs before it is ranked; a parent needs as many since its

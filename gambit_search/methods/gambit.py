@@ -1,6 +1,6 @@
 """Gambit: the scorer-guided tournament (:mod:`gambit_search.tournament`) as a method.
 
-    gambit-solve --method gambit --n 32 --swap 4 --interval 8 --warmup 32 --dataset toy:test:200
+    gambit-solve --method gambit --n 32 --swap 1 --interval 16 --warmup 32 --dataset toy:test:200
 
 ``--n`` is the budget of completed traces and, unless ``--capacity`` is given, also the
 capacity C (the paper runs C = budget = 256). Answers by the score-weighted vote.
