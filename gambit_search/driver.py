@@ -124,6 +124,11 @@ class Driver:
             raise ValueError(f"method {method.name!r} needs a scorer (--scorer ckpt.pt)")
         if method.scores_traces and scorer is not None and not engine.captures_hidden:
             raise ValueError(f"method {method.name!r} needs an engine that captures hidden states")
+        from gambit_search.methods import PolicyContext
+
+        self.ctx = PolicyContext(decode=decode, block_size=engine.block_size,
+                                 max_model_len=engine.max_model_len,
+                                 hidden_size=engine.hidden_size, max_tokens=spec.max_tokens)
         self._owner: dict[int, tuple[_Q, int]] = {}  # trace -> (question, node)
         self._live_slots = 0
         self._last_preempt = 0
@@ -184,7 +189,7 @@ class Driver:
         prompt = list(self.prompt_ids(q))
         if not prompt:
             return None
-        policy = self.method.make_policy(self.params)
+        policy = self.method.make_policy(self.params, self.ctx)
         st = _Q(q, policy, prompt, time.perf_counter(), slots=self.method.slots(self.params))
         self._live_slots += st.slots
         self._apply(st, policy.start())

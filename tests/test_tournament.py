@@ -103,7 +103,7 @@ class Params:
 def _method() -> Method:
     from gambit_search.methods.gambit import tournament_config
 
-    return Method("checked", "test", lambda p: Checked(tournament_config(p)),
+    return Method("checked", "test", lambda p, ctx: Checked(tournament_config(p)),
                   lambda p: int(p.capacity or p.n), needs_scorer=True, scores_traces=True,
                   uses_memory=True, vote="weighted")
 

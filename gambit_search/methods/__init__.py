@@ -9,7 +9,7 @@ nothing else about methods, so a new one is a module with a ``METHOD`` and a lin
 
     from gambit_search.methods import get_method, method_names
     m = get_method("gambit")
-    policy = m.make_policy(params)      # params: anything with the SolveConfig fields
+    policy = m.make_policy(params, ctx) # params: the SolveConfig fields; ctx: PolicyContext
     actions = policy.start()
 
 Modules are imported only when their method is asked for, so ``--help`` stays instant.
@@ -18,11 +18,11 @@ Modules are imported only when their method is asked for, so ``--help`` stays in
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Method", "Policy", "UnknownMethodError", "get_method", "method_names"]
+__all__ = ["Method", "Policy", "PolicyContext", "UnknownMethodError", "get_method", "method_names"]
 
 
 class Policy(Protocol):
@@ -47,6 +47,26 @@ class Policy(Protocol):
     def tree(self) -> list[dict]: ...
 
 
+@dataclass(frozen=True)
+class PolicyContext:
+    """What a policy may know of the run besides its parameters (no engine handle: policies
+    stay pure). Built once per run by the driver."""
+
+    decode: Callable[[Sequence[int]], str]
+    """Token ids -> text (e.g. Slim-SC reads a trace's latest thought)."""
+    block_size: int
+    """Tokens per KV block of the engine."""
+    max_model_len: int
+    """Longest sequence the engine takes."""
+    hidden_size: int
+    """The policy model's hidden size."""
+    max_tokens: int
+    """Output-token cap of a trace lineage."""
+    shared: dict = field(default_factory=dict)
+    """Per-run objects a method builds once and shares between its questions' policies (an
+    embedding model, say): ``ctx.shared.setdefault(key, ...)``."""
+
+
 class UnknownMethodError(ValueError):
     """No method of that name (the message lists the known ones)."""
 
@@ -59,8 +79,8 @@ class Method:
     """Registry name (``--method``)."""
     summary: str
     """One line for ``--help`` and tables."""
-    make_policy: Callable[[Any], Policy]
-    """params -> a fresh policy for one question."""
+    make_policy: Callable[[Any, PolicyContext], Policy]
+    """(params, context) -> a fresh policy for one question."""
     slots: Callable[[Any], int]
     """params -> most traces one question keeps live (the driver's admission unit)."""
     needs_scorer: bool = False

@@ -26,7 +26,7 @@ def tournament_config(params) -> TournamentConfig:
     )
 
 
-def _make(params) -> Tournament:
+def _make(params, ctx=None) -> Tournament:
     return Tournament(tournament_config(params))
 
 

@@ -51,7 +51,7 @@ class SelfConsistency(NodeBook):
         return []
 
 
-def _make(params) -> SelfConsistency:
+def _make(params, ctx=None) -> SelfConsistency:
     return SelfConsistency(int(params.n))
 
 
