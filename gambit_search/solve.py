@@ -163,13 +163,10 @@ def check_config(cfg: SolveConfig, question: str | None) -> None:
         raise _err(f"--max-live must be >= 1, got {cfg.max_live}")
     if cfg.kv_cache <= 0:
         raise _err(f"--kv-cache must be > 0 GiB, got {cfg.kv_cache}")
-    if m.name == "gambit":
-        from gambit_search.methods.gambit import tournament_config
-        from gambit_search.tournament import TournamentConfigError
-
+    if m.check is not None:
         try:
-            tournament_config(cfg)
-        except TournamentConfigError as e:
+            m.check(cfg)
+        except ValueError as e:
             raise _err(str(e)) from None
     if m.needs_scorer and (not cfg.scorer or cfg.scorer == "none"):
         raise _err(f"method {m.name!r} needs a scorer: pass --scorer ckpt.pt")

@@ -93,6 +93,9 @@ class Method:
     """Default vote rule: "weighted" (final trace scores), "plain" or "top1"."""
     logprobs: int | None = None
     """``SamplingSpec.logprobs`` its traces need (None: none)."""
+    check: Callable[[Any], None] | None = None
+    """params -> None, or raise ``ValueError`` with one line for a bad parameter (run before
+    any engine starts)."""
 
 
 _MODULES = {

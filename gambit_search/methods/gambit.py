@@ -30,6 +30,10 @@ def _make(params, ctx=None) -> Tournament:
     return Tournament(tournament_config(params))
 
 
+def _check(params) -> None:
+    tournament_config(params)  # raises TournamentConfigError (a ValueError), one line
+
+
 METHOD = Method(
     name="gambit",
     summary="thought-level beam search: prune the worst K, fork the best K prefixes, ghosts "
@@ -40,4 +44,5 @@ METHOD = Method(
     scores_traces=True,
     uses_memory=True,
     vote="weighted",
+    check=_check,
 )
