@@ -54,7 +54,7 @@ class SolveConfig:
     """Scorer checkpoint (gambit-train's ckpt.pt or a reference STEP/Gambit .pt); "none" for
     methods that need none."""
     method: str = "gambit"
-    """Search method: gambit or sc."""
+    """Search method: gambit, sc, bon, step, deepconf-low, deepconf-high or slim-sc."""
     n: int = 32
     """Budget: completed traces per question (SC: traces per question)."""
     capacity: int | None = None
@@ -76,6 +76,23 @@ class SolveConfig:
     """Under memory pressure evict the lowest-scored running trace to a ghost."""
     revive: bool = False
     """Revive ghosts when memory frees up."""
+    # -- baselines (issue 11: bon, step, deepconf-low/-high, slim-sc); each method's check
+    # -- hook validates its own fields (gambit_search/methods/<name>.py says what they mean)
+    deepconf_window: int = 32
+    """DeepConf's group size W: tokens per sliding-window confidence [paper 2048, for ~15k-token
+    traces; toy traces are ~130 tokens]."""
+    deepconf_warmup: int = 8
+    """DeepConf's N_init: full warmup traces that set the stopping threshold [paper 16 of 512]."""
+    deepconf_top_k: int = 20
+    """DeepConf's k: top log-probs per token in its confidence (at most 20, what the engine
+    serves) [paper 20]."""
+    slim_interval: int = 8
+    """Slim-SC: decode steps of a question between similarity checks."""
+    slim_warmup: int = 32
+    """Slim-SC: decode steps of a question before the first pruning."""
+    slim_threshold: float = 0.95
+    """Slim-SC: prune one of two live traces whose latest thoughts' cosine exceeds this
+    [paper 0.95]."""
     temperature: float = 1.0
     """Sampling temperature (toy policy: 1.0) [paper 0.6]."""
     top_p: float = 1.0
@@ -105,7 +122,9 @@ class SolveConfig:
 FINGERPRINT = ("dataset", "model", "scorer", "method", "n", "capacity", "swap", "interval",
                "warmup", "floor", "child_temperature", "branch_point", "ghosts", "revive",
                "temperature", "top_p", "top_k", "max_tokens", "seed", "max_questions",
-               "kv_cache", "max_live", "engine")
+               "kv_cache", "max_live", "engine",
+               "deepconf_window", "deepconf_warmup", "deepconf_top_k", "slim_interval",
+               "slim_warmup", "slim_threshold")
 """Config fields that must match to resume into an output directory."""
 
 

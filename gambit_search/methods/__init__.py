@@ -101,6 +101,12 @@ class Method:
 _MODULES = {
     "gambit": "gambit_search.methods.gambit",
     "sc": "gambit_search.methods.sc",
+    # baselines (issue 11)
+    "bon": "gambit_search.methods.bon",
+    "step": "gambit_search.methods.step",
+    "deepconf-low": "gambit_search.methods.deepconf_low",
+    "deepconf-high": "gambit_search.methods.deepconf_high",
+    "slim-sc": "gambit_search.methods.slim_sc",
 }
 
 

