@@ -86,6 +86,9 @@ class DriverConfig:
     """Read the engine's memory every N steps (vLLM's metrics cost ~2 ms a read on the driver,
     which a 2-core CPU box takes from the model; preemptions are counted cumulatively, so
     none is missed)."""
+    log_memory: bool = True
+    """Record KV use and running/waiting requests (``Driver.trace_log``) for every method,
+    also those that do not act on memory (the benchmark plots read it)."""
     release: bool = True
     """Forget engine traces as they end (False keeps them readable: tests recount tokens)."""
     vote_rule: str | None = None
@@ -137,12 +140,14 @@ class Driver:
         self.tokens = 0
         """Unique tokens generated so far (all questions)."""
         self.trace_log: list[tuple[float, int, int, float]] = []
-        """(wall s, running traces, waiting, kv usage) after each step where memory was read."""
+        """(s since run start, running requests, waiting, KV usage) at each memory read."""
+        self._can_read_memory = True
+        self._t_start = time.perf_counter()
 
     # -- public ----------------------------------------------------------------------------------
     def run(self, questions: Sequence[Any]) -> Iterator[dict]:
         """Solve ``questions``; yields each question's result dict as it finishes."""
-        t_start = time.perf_counter()
+        t_start = self._t_start = time.perf_counter()
         pending = deque(questions)
         active: dict[str, _Q] = {}
         while pending or active:
@@ -174,7 +179,8 @@ class Driver:
             self.timing["engine_s"] += t1 - t0
             self.timing["steps"] += 1
             self._on_step(out, active)
-            if self.method.uses_memory and self.timing["steps"] % self.cfg.memory_every == 0:
+            if ((self.method.uses_memory or self.cfg.log_memory) and self._can_read_memory
+                    and self.timing["steps"] % self.cfg.memory_every == 0):
                 self._memory(active)
             t0 = time.perf_counter()
             for key in [k for k, st in active.items() if st.policy.done]:
@@ -325,9 +331,16 @@ class Driver:
     # -- memory ----------------------------------------------------------------------------------
     def _memory(self, active: dict[str, _Q]) -> None:
         t0 = time.perf_counter()
-        snap = self.engine.memory()
-        self.trace_log.append((time.perf_counter(), snap.num_running, snap.num_waiting,
-                               snap.kv_usage))
+        try:
+            snap = self.engine.memory()
+        except EngineError:  # an engine without stats (log_stats=False): nothing to read
+            self._can_read_memory = False
+            return
+        self.trace_log.append((round(t0 - self._t_start, 4), snap.num_running,
+                               snap.num_waiting, round(snap.kv_usage, 4)))
+        if not self.method.uses_memory:
+            self.timing["memory_s"] += time.perf_counter() - t0
+            return
         preempted = snap.num_preemptions - self._last_preempt
         self._last_preempt = snap.num_preemptions
         evict = max(preempted, 1 if snap.kv_usage >= self.cfg.evict_above else 0)
@@ -359,6 +372,9 @@ class Driver:
             return a is not None and is_equivalent(gold, a)
 
         stats = p.stats()
+        tree = p.tree()
+        lineages = [n["inherited"] + n["generated"] for n in tree if n["state"] == "completed"]
+        stats["max_lineage"] = max(lineages, default=0)
         error = None
         if not votes:
             error = ("all traces errored: " + st.errors[0]) if st.errors else "no trace completed"
@@ -371,7 +387,7 @@ class Driver:
             "answer_top1": answers["top1"], "correct_top1": ok(answers["top1"]),
             "votes": vote_table(votes), "unique_tokens": stats["unique_tokens"],
             "wall_s": round(time.perf_counter() - st.t0, 3), "tree_stats": stats,
-            "error": error, "prefix_cache": dict(st.cache), "tree": p.tree(),
+            "error": error, "prefix_cache": dict(st.cache), "tree": tree,
             "rounds": getattr(p, "round_log", []),
         }
 

@@ -1,4 +1,4 @@
-"""The README quick start's main job (`gambit-demo`), run as a user runs it."""
+"""`gambit-demo` (plain sampling + grading on vLLM), run as a user runs it."""
 
 from __future__ import annotations
 

@@ -1,0 +1,118 @@
+"""gambit-bench on the scripted fake engine: table, figures, resume, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gambit_search.bench import BenchConfig, BenchInputError, bench, parse_sets, wilson
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def fake_scorer(tmp_path_factory) -> str:
+    import torch
+
+    from gambit_scorer.checkpoint import save_checkpoint
+    from gambit_scorer.models import StepMLP
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("scorer") / "ckpt.pt"
+    save_checkpoint(path, StepMLP(16, [8]), features=["hidden"], hidden_size=16,
+                    boundary_token_ids=[4])
+    return str(path)
+
+
+def _cfg(tmp_path, scorer, **kw) -> BenchConfig:
+    base = dict(out=str(tmp_path / "b"), engine="fake", methods="sc,gambit",
+                datasets="toy:val:4,toy:test:3", seeds="0,1", n=6, scorer=scorer)
+    return BenchConfig(**(base | kw))
+
+
+def _bad(tmp_path, scorer, kw) -> BenchConfig:
+    return _cfg(tmp_path, kw.pop("scorer", scorer), engine="vllm", **kw)
+
+
+SETS = {"gambit": {"swap": 2, "interval": 3, "warmup": 4}}
+
+
+def test_table_pools_seeds_and_draws_figures(tmp_path, fake_scorer):
+    res = bench(_cfg(tmp_path, fake_scorer), SETS, progress=False)
+    assert len(res["runs"]) == 2 * 2 * 2
+    rows = {(r["dataset"], r["method"]): r for r in res["table"]}
+    assert set(rows) == {(d, m) for d in ("toy:val:4", "toy:test:3") for m in ("sc", "gambit")}
+    for (d, m), r in rows.items():
+        runs = [x for x in res["runs"] if x["dataset"] == d and x["method"] == m]
+        assert r["questions"] == sum(x["questions"] for x in runs) == 2 * int(d.split(":")[-1])
+        lo, hi = r["ci95"]
+        assert 0 <= lo <= r["accuracy"] <= hi <= 1
+        assert r["kv_mean"] is not None and 0 <= r["kv_mean"] <= 1
+    # the per-method setting reached gambit's runs only
+    for run in res["runs"]:
+        cfg = json.loads(Path(run["dir"], "run_config.json").read_text())
+        assert cfg["method"] == run["method"]
+        assert cfg["swap"] == (2 if run["method"] == "gambit" else 1)
+    out = tmp_path / "b"
+    assert "| toy:val:4 | gambit | 2 | 8 |" in (out / "table.md").read_text()
+    for f in res["figures"]:
+        assert Path(f).stat().st_size > 5000
+    assert any(f.endswith("tree.png") for f in res["figures"])
+
+
+def test_rerun_resumes_without_solving_again(tmp_path, fake_scorer):
+    first = bench(_cfg(tmp_path, fake_scorer), SETS, progress=False, figures=False)
+    lines = {r["dir"]: Path(r["dir"], "results.jsonl").read_text() for r in first["runs"]}
+    again = bench(_cfg(tmp_path, fake_scorer), SETS, progress=False, figures=False)
+    assert again["table"] == first["table"]
+    assert {d: Path(d, "results.jsonl").read_text() for d in lines} == lines
+
+
+def test_config_file_and_flags(tmp_path, fake_scorer):
+    cfgf = tmp_path / "bench.yaml"
+    cfgf.write_text("methods: [sc]\ndatasets: [toy:val:3]\nseeds: [0]\nn: 4\n"
+                    "set:\n  sc:\n    max_tokens: 50\n")
+    res = bench(BenchConfig(out=str(tmp_path / "c"), engine="fake", config=str(cfgf),
+                            scorer="none"), {}, progress=False, figures=False)
+    assert [(r["method"], r["questions"]) for r in res["table"]] == [("sc", 3)]
+    run_cfg = json.loads(Path(res["runs"][0]["dir"], "run_config.json").read_text())
+    assert run_cfg["max_tokens"] == 50 and run_cfg["n"] == 4
+
+
+@pytest.mark.parametrize("kw, sets, msg", [
+    (dict(methods="sc,nope"), {}, "unknown method 'nope'"),
+    (dict(datasets="toy:val:3,/no/such.jsonl"), {}, "cannot load dataset"),
+    (dict(methods="gambit", scorer="none"), {}, "needs a scorer"),
+    (dict(seeds="0,x"), {}, "--seeds must be integers"),
+    (dict(), {"step": {"n": 3}}, "not in --methods"),
+    (dict(), {"gambit": {"nope": 3}}, "unknown parameters"),
+    (dict(config="/no/such.yaml"), {}, "does not exist"),
+])
+def test_bad_input_is_refused_before_any_engine(tmp_path, fake_scorer, kw, sets, msg):
+    # engine="vllm": had anything started vLLM, this would take a minute and need the model
+    with pytest.raises(BenchInputError, match=msg):
+        bench(_bad(tmp_path, fake_scorer, dict(kw)), sets, progress=False)
+    assert not (tmp_path / "b" / "table.json").exists()
+
+
+def test_cli_prints_one_line_on_stderr(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "gambit_search.bench", "--out", str(tmp_path / "x"),
+                        "--datasets", "/no/such.jsonl"], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gambit-bench: error: cannot load dataset")
+
+
+def test_parse_sets_and_wilson():
+    assert parse_sets(["gambit.swap=2", "gambit.branch-point=current", "sc.n=8"]) == {
+        "gambit": {"swap": 2, "branch_point": "current"}, "sc": {"n": 8}}
+    with pytest.raises(BenchInputError):
+        parse_sets(["swap=2"])
+    lo, hi = wilson(50, 100)
+    assert lo == pytest.approx(0.404, abs=1e-3) and hi == pytest.approx(0.596, abs=1e-3)
+    assert wilson(0, 10)[0] == pytest.approx(0.0, abs=1e-12)
