@@ -4,6 +4,7 @@ for bad input (the command's stderr)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,29 @@ def test_scorer_with_other_boundary_tokens_is_refused(tmp_path):
     p = _cli("--scorer", str(path), "Start 3. Ops: +1. Mod 100.")
     assert p.returncode == 2
     assert "boundar" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_failing_question_is_recorded_and_the_others_go_on(tmp_path, fake_scorer):
+    """An empty question and one too long for the context (every trace errors) each get an
+    error row; the rest are solved."""
+    ds = tmp_path / "qs.jsonl"
+    rows = [{"question": "Start 3. Ops: +1. Mod 100.", "answer": "4"},
+            {"question": "   ", "answer": "1"},
+            {"question": "x" * 600, "answer": "2"},  # > the fake engine's 512-token context
+            {"question": "Start 5. Ops: +2. Mod 100.", "answer": "7"}]
+    ds.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = solve(_cfg(tmp_path, fake_scorer, dataset=str(ds)), progress=False)
+    by_q = {r["question"]: r for r in s["results"]}
+    assert len(by_q) == 4 and s["failed"] == 2
+    assert by_q["   "]["error"] == "empty question"
+    assert by_q["x" * 600]["error"].startswith("all traces errored: prompt of")
+    ok = [r for r in s["results"] if not r["error"]]
+    assert len(ok) == 2 and all(r["tree_stats"]["completions"] == 6 for r in ok)
+
+
+def test_one_question_prints_answer_votes_and_tree(fake_scorer):
+    p = _cli("--engine", "fake", "--scorer", fake_scorer, "--n", "6", "--swap", "2",
+             "--interval", "2", "--warmup", "4", "Start 3. Ops: +1. Mod 100.")
+    assert p.returncode == 0, p.stderr
+    assert "answer:" in p.stdout and "votes" in p.stdout
+    assert re.search(r"tree: \d+ nodes, \d+ branches, \d+ pruned, \d+ ghosts, 6 completed", p.stdout)
