@@ -150,21 +150,35 @@ def test_scorer_with_other_boundary_tokens_is_refused(tmp_path):
 
 
 def test_a_failing_question_is_recorded_and_the_others_go_on(tmp_path, fake_scorer):
-    """An empty question and one too long for the context (every trace errors) each get an
-    error row; the rest are solved."""
+    """A question too long for the context (every trace errors) gets an error row; the rest
+    are solved. (A blank question in a file is refused up front by the loader, with its line;
+    one handed to the driver directly is recorded: see the next test.)"""
     ds = tmp_path / "qs.jsonl"
     rows = [{"question": "Start 3. Ops: +1. Mod 100.", "answer": "4"},
-            {"question": "   ", "answer": "1"},
             {"question": "x" * 600, "answer": "2"},  # > the fake engine's 512-token context
             {"question": "Start 5. Ops: +2. Mod 100.", "answer": "7"}]
     ds.write_text("".join(json.dumps(r) + "\n" for r in rows))
     s = solve(_cfg(tmp_path, fake_scorer, dataset=str(ds)), progress=False)
     by_q = {r["question"]: r for r in s["results"]}
-    assert len(by_q) == 4 and s["failed"] == 2
-    assert by_q["   "]["error"] == "empty question"
+    assert len(by_q) == 3 and s["failed"] == 1
     assert by_q["x" * 600]["error"].startswith("all traces errored: prompt of")
     ok = [r for r in s["results"] if not r["error"]]
     assert len(ok) == 2 and all(r["tree_stats"]["completions"] == 6 for r in ok)
+
+
+def test_driver_records_an_empty_question():
+    from data_pipelines.questions import Question
+    from gambit_search.driver import Driver
+    from gambit_search.engine import SamplingSpec
+    from gambit_search.fake_engine import FakeEngine
+    from gambit_search.methods import get_method
+
+    eng = FakeEngine()
+    params = SolveConfig(method="sc", n=3, engine="fake")
+    drv = Driver(eng, get_method("sc"), params, prompt_ids=lambda q: [1, 5, 6], decode=eng.decode,
+                 spec=SamplingSpec(max_tokens=30))
+    res = list(drv.run([Question("a", " ", "1", "t"), Question("b", "ok", "1", "t")]))
+    assert [(r["id"], r["error"]) for r in res] == [("a", "empty question"), ("b", None)]
 
 
 def test_one_question_prints_answer_votes_and_tree(fake_scorer):
