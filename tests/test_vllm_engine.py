@@ -81,11 +81,11 @@ def test_missing_model_path_is_a_one_line_error_before_start(tmp_path):
         VLLMEngine(VLLMEngineConfig(model=str(tmp_path)))
 
 
-def test_tokenizer_without_boundary_token_needs_stride(tmp_path):
+def test_tokenizer_without_any_newline_token_needs_stride(tmp_path):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", "\n", "a", "b"])}
+    vocab = {t: i for i, t in enumerate(["<pad>", "<bos>", "<eos>", "<unk>", " ", "a", "b"])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -111,17 +111,176 @@ def test_hidden_states_of_a_scorer_free_run_or_unknown_trace_are_clear_errors(mo
 
 def test_request_ids_and_reasoning_state():
     rid = vi.make_request_id(12, 3, 40, closed=False)
-    assert vi.parse_request_id(rid + "-ab12cd34") == (rid, 12, 3, 40, False)
+    assert vi.parse_request_id(rid + "-ab12cd34") == (rid, 12, 3, 40, False, -1, False)
     assert vi.parse_request_id(rid) == vi.ReqKey(rid, 12, 3, 40, False)
     assert vi.parse_request_id("chat-1-ab12cd34") is None
-    assert vi.vllm_version_supported("0.32.0") and vi.vllm_version_supported("0.33.1")
+    run = vi.make_request_id(12, 3, 40, closed=True, run_from=57, run_odd=True)
+    assert vi.parse_request_id(run + "-0a1b2c3d") == (run, 12, 3, 40, True, 57, True)
+    run = vi.make_request_id(1, 0, 5, closed=False, run_from=5)
+    assert vi.parse_request_id(run + "-deadbeef") == (run, 1, 0, 5, False, 5, False)
+    for v in ("0.26.0", "0.30.2", "0.32.0", "0.33.1"):
+        assert vi.vllm_version_supported(v), v
     assert not vi.vllm_version_supported("0.34.0")
+    assert not vi.vllm_version_supported("0.25.1")
     S, E = 90, 91
     assert not _closed_after([1, 2, S, 5], S, E)
     assert _closed_after([1, S, 5, E, 6], S, E)
     assert not _closed_after([1, S, 5, E, 6, S, 7], S, E)  # re-opened
     assert _closed_after([1, 5, E], None, E)
     assert not _closed_after([1, 5, E], S, None)
+
+
+# =========================================================================== fast: versions
+
+
+class _SP026:
+    """A stand-in for vLLM 0.26.0's SamplingParams (a msgspec Struct without
+    ``stream_interval``)."""
+
+    __struct_fields__ = ("temperature", "max_tokens", "seed", "output_kind")
+
+    def __init__(self, **kw):
+        unknown = set(kw) - set(self.__struct_fields__)
+        if unknown:
+            raise TypeError(f"Unexpected keyword argument {sorted(unknown)[0]!r}")
+        self.kw = kw
+
+
+@dataclasses.dataclass
+class _SPDataclass:
+    temperature: float = 1.0
+    stream_interval: int | None = None
+
+
+def test_sampling_params_drop_keywords_the_installed_vllm_lacks(caplog):
+    vi._SP_WARNED.discard("stream_interval")
+    with caplog.at_level("WARNING"):
+        sp = vi.sampling_params(_SP026, temperature=0.5, max_tokens=3, stream_interval=8)
+        vi.sampling_params(_SP026, temperature=0.5, stream_interval=4)
+    assert sp.kw == {"temperature": 0.5, "max_tokens": 3}
+    warned = [r for r in caplog.records if "stream_interval" in r.getMessage()]
+    assert len(warned) == 1  # once per process, not per request
+    assert not vi.sampling_params_support("stream_interval", _SP026)
+    # None is dropped silently; dataclass fields and plain signatures are read too
+    assert vi.sampling_params(_SP026, seed=None, stream_interval=None).kw == {"seed": None}
+    assert vi.sampling_params(_SPDataclass, stream_interval=2).stream_interval == 2
+    assert vi.sampling_params_support("stream_interval", _SPDataclass)
+
+    def plain(temperature=1.0):
+        return temperature
+
+    assert vi.sampling_params(plain, temperature=0.1, stream_interval=3) == 0.1
+
+
+def test_sampling_params_of_the_installed_vllm():
+    pytest.importorskip("vllm")
+    import vllm
+
+    sp = vi.sampling_params(temperature=0.7, max_tokens=5, stream_interval=None, seed=1)
+    assert isinstance(sp, vllm.SamplingParams) and sp.max_tokens == 5
+    if vllm.__version__.startswith("0.32"):
+        assert vi.sampling_params_support("stream_interval")
+    assert vi.vllm_version_supported(vllm.__version__)
+
+
+# =========================================================================== fast: split boundaries
+
+PIECES = ["a", "b", ".", "\n", "\n\n", "\n\n\n", "x\n", "\nx", "\nx\n", ".\n\n", " \n\n",
+          "\n\nb", "<think>", "</think>"]
+
+
+def _replay(texts, seqs_and_cuts, spec_kw=None):
+    """Feed a worker RowCapture the rows vLLM would produce for each request (its prompt's
+    last row, then one row per output token) and return the kept output indices per trace.
+    ``seqs_and_cuts``: (trace, full token list, trace prompt len, [request starts]) where
+    each request is a new incarnation whose prompt ends at the given start."""
+    from gambit_search.vllm_engine import VLLMEngine, run_classes
+
+    rc = run_classes(texts)
+    spec = vi.CaptureSpec(boundary_ids=[i for i, s in enumerate(texts) if "\n\n" in s],
+                          run_start_ids=rc["start"], run_odd_ids=rc["odd"],
+                          run_flip_ids=rc["flip"], run_keep_ids=rc["keep"], **(spec_kw or {}))
+    cap = vi.RowCapture(spec)
+    fake = SimpleNamespace(_run_odd=frozenset(rc["odd"]), _run_flip=frozenset(rc["flip"]),
+                           _run_keep=frozenset(rc["keep"]))
+    for trace, seq, plen, text_start, starts in seqs_and_cuts:
+        bounds = list(starts) + [len(seq)]
+        for inc, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+            run_from = max(plen, a - 1)
+            odd = VLLMEngine._odd_run(fake, seq, text_start, run_from)
+            rid = vi.make_request_id(trace, inc, plen, False, run_from, odd) + "-abcdef12"
+            for p in range(a - 1, b):
+                cap.record([rid], torch.full((1, 2), float(p)), torch.tensor([p]),
+                           torch.tensor([seq[p]]))
+            # the extra row after a stop repeats the last position (async scheduling)
+            cap.record([rid], torch.full((1, 2), float(b - 1)), torch.tensor([b - 1]),
+                       torch.tensor([seq[b - 1]]))
+    ids, pos, _, _ = vi.decode_rows(cap.drain())
+    got: dict[int, set[int]] = {}
+    for i, p in zip(ids, pos.tolist(), strict=True):
+        got.setdefault(vi.parse_request_id(i).trace, set()).add(p)
+    return got
+
+
+def test_split_boundaries_equal_the_text_rule_with_revives_and_forks():
+    """The worker's id-class rule equals the decoded-text rule (a new non-overlapping
+    "\n\n" in the output), for plain traces, revived traces (new requests whose state comes
+    in the id) and forks (whose output continues their parent's text)."""
+    from gambit_search.vllm_engine import text_boundaries
+
+    rng = np.random.default_rng(0)
+    weights = np.array([4, 3, 2, 6, 2, 1, 1, 1, 1, 1, 1, 1, 0, 0], dtype=float)
+    weights /= weights.sum()
+    jobs, want = [], {}
+    for trace in range(60):
+        plen = int(rng.integers(1, 5))
+        prompt = [int(x) for x in rng.choice(len(PIECES), plen, p=weights)]
+        out = [int(x) for x in rng.choice(len(PIECES), int(rng.integers(1, 40)), p=weights)]
+        seq = prompt + out
+        if trace % 3 == 2:  # a fork: its prompt holds its root's output up to the cut
+            cut = int(rng.integers(0, len(out)))
+            text_start, plen = len(prompt), len(prompt) + cut
+        else:
+            text_start = plen
+        starts = sorted({plen, *(int(x) for x in rng.integers(plen, len(seq) + 1, 2))}) \
+            if trace % 2 else [plen]
+        jobs.append((trace, seq, plen, text_start, starts))
+        ref = text_boundaries([PIECES[t] for t in seq[text_start:]])
+        # a row is the state at its token, fed as the next token's input: the last token of
+        # the sequence never gets one
+        want[trace] = {text_start + j for j in ref if text_start + j >= plen} - {len(seq)}
+    got = _replay(PIECES, jobs)
+    for trace, *_ in jobs:
+        assert got.get(trace, set()) == want[trace], trace
+    assert sum(len(w) for w in want.values()) > 100
+
+
+def test_split_boundaries_keep_the_toy_rule_and_can_be_switched_off():
+    # the toy vocabulary's "\n\n" is one token (4): every boundary is one of those
+    toy = ["<pad>", "<bos>", "<eos>", "<unk>", "\n\n"] + list("abcdefg") + ["\n"]
+    seq = [1, 5, 4, 6, 4, 4, 7, 12, 8, 4, 12, 9, 2]
+    got = _replay(toy, [(0, seq, 2, 2, [2])])[0]
+    assert got == {2, 4, 5, 9}
+    # "\n" then "\n" (never in the toy's training text: it merges them) counts too
+    seq2 = [1, 5, 12, 12, 6, 6]
+    assert _replay(toy, [(0, seq2, 2, 2, [2])])[0] == {3}
+    off = vi.RowCapture(vi.CaptureSpec(boundary_ids=[4]))
+    assert vi._run_codes(off.spec) is None
+
+
+def test_no_boundary_warning_is_given_once_per_engine(monkeypatch, tmp_path, caplog):
+    pytest.importorskip("vllm")
+    import gambit_search.vllm_engine as ve
+
+    monkeypatch.setattr(ve, "NO_BOUNDARY_WARN_TOKENS", 5)
+    eng = _stub_engine(monkeypatch, tmp_path, lambda seq: A)
+    with caplog.at_level("WARNING", logger="gambit_search.vllm_engine"):
+        for k in range(3):
+            eng.add_trace([1, A, A + k % 2], SamplingSpec(max_tokens=12))
+        _collect(eng)
+    msgs = [r.getMessage() for r in caplog.records if "without a thought boundary" in
+            r.getMessage()]
+    assert len(msgs) == 1 and "stride=N" in msgs[0]
 
 
 # =========================================================================== fast: driver logic
