@@ -340,8 +340,11 @@ def rescore(run_dir: str, rule: str) -> dict:
         if not path.exists():
             raise _err(f"{path} is missing: cannot rescore {r['id']!r}")
         nodes = json.loads(path.read_text())["nodes"]
-        votes = [(n["id"], n["answer"], n["scores"][-1][1] if n["scores"] else None)
-                 for n in nodes if n["state"] == "completed"]
+        # a policy whose votes differ from "every completed node, final score" (DeepConf)
+        # says so per node: "votes" (bool) and "vote_weight"
+        votes = [(n["id"], n["answer"], n["vote_weight"] if "vote_weight" in n
+                  else n["scores"][-1][1] if n["scores"] else None)
+                 for n in nodes if n.get("votes", n["state"] == "completed")]
         a = vote(votes, rule)
         changed += a != r.get("answer")
         if r.get("gold"):

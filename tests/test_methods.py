@@ -571,3 +571,34 @@ def test_policy_context_shared_holds_one_embedder():
     ctx = PolicyContext(decode=str, block_size=4, max_model_len=64, hidden_size=16,
                         max_tokens=10, shared={SHARED_KEY: _hash_embed})
     assert shared_embedder(ctx) is _hash_embed
+
+
+def test_rescore_of_a_deepconf_run_uses_its_voters_and_confidences(tmp_path):
+    """--rescore reads the tree's "votes" / "vote_weight": DeepConf's warmup traces below the
+    bar do not vote again, and weights are confidences (no scorer scores there)."""
+    import json
+
+    from gambit_search.solve import rescore, write_result
+
+    p = DeepConf(DeepConfConfig(n=5, eta=10, window=2, warmup=3))
+    p.start()
+    # warmup: two unsure traces say "1", one sure trace says "2"; the bar (90th pct) is 1.9
+    for i, c in enumerate([1.0, 1.5, 2.0]):
+        p.handle(Progress({i: delta([c, c])}))
+    for i, a in enumerate(["1", "1", "2"]):
+        p.handle(Finished(i, "stop", answer=a))
+    p.handle(Progress({}))
+    p.handle(Progress({3: delta([9.0, 9.0]), 4: delta([2.5, 2.5])}))
+    p.handle(Finished(3, "stop", answer="3"))
+    p.handle(Finished(4, "stop", answer="1"))
+    p.handle(Progress({}))
+    assert p.done and sorted(v[0] for v in p.votes()) == [2, 3, 4]
+    want = {r: vote(p.votes(), r) for r in ("weighted", "plain", "top1")}
+    assert want == {"weighted": "3", "plain": "2", "top1": "3"}  # plain: a 3-way tie, oldest
+    out = tmp_path / "run"
+    (out / "trees").mkdir(parents=True)
+    write_result(out, {"id": "q0", "method": "deepconf-low", "gold": "3", "answer": "1",
+                       "tree": json.loads(json.dumps(p.tree()))})
+    for rule, a in want.items():
+        got = rescore(str(out), rule)
+        assert got["answers_changed"] == 1 and got["accuracy"] == float(a == "3"), rule

@@ -259,11 +259,16 @@ class DeepConf(NodeBook):
         return s
 
     def tree(self) -> list[dict]:
+        """NodeBook's rows plus ``confidence``, ``warmup``, and what ``--rescore`` reads:
+        ``votes`` (whether the node votes) and ``vote_weight`` (its confidence)."""
         rows = super().tree()
+        voters = set(self.voters())
         for r in rows:
             c = self.trace_confidence(r["id"])
             r["confidence"] = None if c is None else round(c, 6)
             r["warmup"] = r["id"] in self.warmup_ids
+            r["votes"] = r["id"] in voters
+            r["vote_weight"] = c
         return rows
 
 
