@@ -111,6 +111,9 @@ class SolveConfig:
     """KV-cache size in GiB (small values create memory pressure)."""
     max_live: int = 256
     """Global limit of live traces (also vLLM's max_num_seqs)."""
+    score_every: int = 1
+    """Score waiting thought boundaries in one batched forward every N engine steps (and at
+    once when a trace finishes): N > 1 trades score freshness for fewer scorer forwards."""
     rule: str | None = None
     """Vote rule of the reported answer: weighted, plain or top1 (default: the method's)."""
     rescore: str | None = None
@@ -122,7 +125,7 @@ class SolveConfig:
 FINGERPRINT = ("dataset", "model", "scorer", "method", "n", "capacity", "swap", "interval",
                "warmup", "floor", "child_temperature", "branch_point", "ghosts", "revive",
                "temperature", "top_p", "top_k", "max_tokens", "seed", "max_questions",
-               "kv_cache", "max_live", "engine",
+               "kv_cache", "max_live", "score_every", "engine",
                "deepconf_window", "deepconf_warmup", "deepconf_top_k", "slim_interval",
                "slim_warmup", "slim_threshold")
 """Config fields that must match to resume into an output directory."""
@@ -180,6 +183,8 @@ def check_config(cfg: SolveConfig, question: str | None) -> None:
         raise _err(f"--engine must be 'vllm' or 'fake', got {cfg.engine!r}")
     if cfg.max_live < 1:
         raise _err(f"--max-live must be >= 1, got {cfg.max_live}")
+    if cfg.score_every < 1:
+        raise _err(f"--score-every must be >= 1, got {cfg.score_every}")
     if cfg.kv_cache <= 0:
         raise _err(f"--kv-cache must be > 0 GiB, got {cfg.kv_cache}")
     if m.check is not None:
@@ -448,6 +453,7 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
     driver = Driver(engine, method, cfg, prompt_ids=_prompt_fn(prep, engine), decode=decode,
                     spec=spec, scorer=RuntimeScorer(prep.scorer) if prep.scorer else None,
                     config=DriverConfig(max_live=cfg.max_live, seed=cfg.seed,
+                                        score_every=cfg.score_every,
                                         vote_rule=cfg.rule))
     bar = None
     if progress and cfg.dataset is not None and prep.todo:

@@ -124,7 +124,8 @@ def drv_prompts(n_questions: int, seed: int) -> dict[str, tuple[int, ...]]:
             for i in range(n_questions)}
 
 
-def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live: int):
+def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live: int,
+         score_every: int = 1):
     eng = FakeEngine(FakeEngineConfig(num_blocks=num_blocks, block_size=4, seed=seed,
                                       max_model_len=256, max_num_seqs=64))
     qs = [Q(f"q{i}", f"question {i} {seed}", "") for i in range(n_questions)]
@@ -132,7 +133,8 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
                  prompt_ids=_prompt,
                  decode=eng.decode, spec=SamplingSpec(temperature=1.0, max_tokens=params.max_tokens),
                  scorer=RandomScorer(seed), config=DriverConfig(max_live=max_live, seed=seed,
-                                                                release=False))
+                                                                release=False,
+                                                                score_every=score_every))
     return eng, drv, list(drv.run(qs))
 
 
@@ -149,13 +151,15 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
     num_blocks=st.sampled_from([24, 48, 4096]),
     seed=st.integers(0, 10_000),
     n_questions=st.integers(1, 3),
+    score_every=st.sampled_from([1, 3]),
 )
 def test_invariants_hold_on_the_fake_engine(k, extra, interval, warmup, floor, branch, ghosts,
-                                            revive, num_blocks, seed, n_questions):
+                                            revive, num_blocks, seed, n_questions, score_every):
     cap = 2 * k + extra
     params = Params(n=cap, capacity=cap, swap=k, interval=interval, warmup=warmup, floor=floor,
                     branch_point=branch, ghosts=ghosts, revive=revive)
-    eng, drv, results = _run(params, num_blocks, seed, n_questions, max_live=2 * cap)
+    eng, drv, results = _run(params, num_blocks, seed, n_questions, max_live=2 * cap,
+                             score_every=score_every)
     assert len(results) == n_questions  # every run terminates, every question is reported
     assert not eng.has_unfinished()
     infos = {t: eng.trace_info(t) for t in eng.trace_ids()}
