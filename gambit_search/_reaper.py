@@ -148,31 +148,42 @@ def _watch(driver: int, driver_start: float, token: str, grace: float) -> None:
     stdin = sys.stdin.fileno()
     buf = b""
     driver_died = not alive
+    def take(chunk: bytes) -> bool:
+        """Apply the driver's lines; True on "close"."""
+        nonlocal buf
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        closing = False
+        for line in lines:
+            parts = line.decode("ascii", "replace").split()
+            if len(parts) == 3 and parts[0] == "+":
+                registered[int(parts[1])] = float(parts[2])
+            elif parts == ["close"]:
+                closing = True
+        return closing
+
     while alive:
         fds = [stdin] + ([pidfd] if pidfd is not None else [])
         ready, _, _ = select.select(fds, [], [], None if pidfd is not None else 0.5)
-        if pidfd is not None and pidfd in ready:
-            driver_died = True
-            break
         if stdin in ready:
             chunk = os.read(stdin, 65536)
             if not chunk:  # the driver's end closed: it died (or exec'd)
                 driver_died = True
                 break
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            closing = False
-            for line in lines:
-                parts = line.decode("ascii", "replace").split()
-                if len(parts) == 3 and parts[0] == "+":
-                    registered[int(parts[1])] = float(parts[2])
-                elif parts == ["close"]:
-                    closing = True
-            if closing:
+            if take(chunk):
                 break
-        if pidfd is None and not _same(drv, driver_start):
+        if (pidfd is not None and pidfd in ready) or (
+                pidfd is None and not _same(drv, driver_start)):
             driver_died = True
             break
+    if driver_died:
+        # registrations the driver wrote just before it died may still sit in the pipe (seen
+        # under load: forked children were missed, also when the driver died before this
+        # process got to its loop): read them up to EOF before reaping
+        while select.select([stdin], [], [], 0)[0]:
+            chunk = os.read(stdin, 65536)
+            if not chunk or take(chunk):
+                break
     _reap(psutil, registered, token, grace, driver_died)
 
 
