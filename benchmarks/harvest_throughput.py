@@ -30,6 +30,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams, TokensPrompt
+    from vllm.platforms import current_platform
 
     from data_pipelines.harvest import DEFAULT_MODEL, HarvestConfig, harvest
     from data_pipelines.prompts import build_prompt_ids
@@ -44,7 +45,9 @@ def main() -> None:
     results = {"plain": [], "harvest": []}
 
     def run_plain() -> None:
-        llm = LLM(model=model, enforce_eager=True, block_size=32, max_num_seqs=a.max_concurrency,
+        # the harvest's VLLMEngine defaults: eager on CPU, CUDA graphs + compile on GPU
+        llm = LLM(model=model, enforce_eager=current_platform.is_cpu(), block_size=32,
+                  max_num_seqs=a.max_concurrency,
                   enable_prefix_caching=True, kv_cache_memory_bytes=1 << 30, seed=0,
                   **llm_workaround_kwargs())  # the harvest's engine gets the same
         sp = SamplingParams(n=a.n, temperature=1.0, top_p=1.0, top_k=0, max_tokens=400, seed=0)

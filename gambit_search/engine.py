@@ -183,7 +183,9 @@ class BoundaryEvent:
     output_index: int
     """Index of the boundary token in the trace's output (``position - len(prompt)``)."""
     token_id: int
-    """The boundary token (its text contains "\\n\\n"; any token in stride mode)."""
+    """The boundary token: the one at which the output text first holds a new "\\n\\n" (its
+    own text contains it, or it is the second "\\n" of a split pair); any token in stride
+    mode."""
     hidden: np.ndarray = field(repr=False)
     """float32 vector of the model's hidden size."""
 

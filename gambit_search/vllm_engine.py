@@ -960,12 +960,9 @@ class VLLMEngine(Engine):
         self._check_open()
         if not self.config.log_stats:
             raise EngineError("memory() reads vLLM's stats: start the engine with log_stats=True")
-        vals: dict[str, float] = {}
-        for m in self._engine.get_metrics():
-            if m.name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running",
-                          "vllm:num_requests_waiting", "vllm:num_preemptions",
-                          "vllm:prefix_cache_queries", "vllm:prefix_cache_hits"):
-                vals[m.name] = vals.get(m.name, 0.0) + float(m.value)
+        from gambit_search._vllm_internals import engine_metrics
+
+        vals = engine_metrics(self._engine)  # this engine's, also beside another engine
         usage = vals.get("vllm:kv_cache_usage_perc", 0.0)
         return MemorySnapshot(
             kv_usage=usage,

@@ -18,11 +18,11 @@ fi
 PIP="$VENV/bin/python -m pip"
 $PIP install -q --upgrade pip
 if [ "${GAMBIT_GPU:-0}" = "1" ] || command -v nvidia-smi >/dev/null 2>&1; then
-  $PIP install -q -e ".[gpu,dev,slim]"
+  $PIP install -q -e ".[gpu,dev,slim,real]"
 else
   # Install the CPU torch first so nothing pulls a CUDA build.
   $PIP install -q "torch==2.13.0"
-  $PIP install -q -e ".[cpu,dev,slim]"
+  $PIP install -q -e ".[cpu,dev,slim,real]"
   # Broken beside the CPU torch and unused: see the header.
   $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi

@@ -183,6 +183,40 @@ def test_sampling_params_of_the_installed_vllm():
     assert vi.vllm_version_supported(vllm.__version__)
 
 
+def test_engine_metrics_are_read_from_the_engines_own_logger():
+    """memory() must not read prometheus' global registry: a second engine in the process
+    unregisters the first one's metrics there (seen on vLLM 0.26.0)."""
+    import prometheus_client as prom
+
+    reg = prom.CollectorRegistry()  # not the global one: the test leaves no metric behind
+
+    def child(cls, name, value):
+        m = cls(name, "x", ["engine"], registry=reg)
+        c = m.labels("0")
+        c.inc(value) if cls is prom.Counter else c.set(value)
+        return {0: c}
+
+    class PrometheusStatLogger:  # the slice of vLLM's the reader uses (by class name)
+        pass
+
+    lg = PrometheusStatLogger()
+    vals = {"gauge_kv_cache_usage": 0.25, "gauge_scheduler_running": 9,
+            "gauge_scheduler_waiting": 2, "counter_num_preempted_reqs": 3,
+            "counter_prefix_cache_queries": 100, "counter_prefix_cache_hits": 64}
+    for k, (attr, v) in enumerate(vals.items()):
+        setattr(lg, attr, child(prom.Gauge if attr.startswith("gauge") else prom.Counter,
+                                f"t{k}", v))
+    eng = SimpleNamespace(logger_manager=SimpleNamespace(stat_loggers=[object(), lg]),
+                          get_metrics=lambda: [])
+    got = vi.engine_metrics(eng)
+    assert got["vllm:num_requests_running"] == 9 and got["vllm:kv_cache_usage_perc"] == 0.25
+    assert got["vllm:prefix_cache_hits"] == 64 and got["vllm:num_preemptions"] == 3
+    # another layout: the global snapshot
+    snap = [SimpleNamespace(name="vllm:num_requests_running", value=4.0)]
+    other = SimpleNamespace(logger_manager=None, get_metrics=lambda: snap)
+    assert vi.engine_metrics(other) == {"vllm:num_requests_running": 4.0}
+
+
 # =========================================================================== fast: split boundaries
 
 PIECES = ["a", "b", ".", "\n", "\n\n", "\n\n\n", "x\n", "\nx", "\nx\n", ".\n\n", " \n\n",

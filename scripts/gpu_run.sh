@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# The GPU run of the engine adapter on the lent H200 (stock vLLM 0.26.0, Model Runner V2):
+# the `gpu`-marked tests, then the GPU benchmarks. docs/BENCHMARKS.md ("GPU (H200)") has the
+# results and the exact device commands. Repeat it whenever the adapter changes.
+#
+# Here, once: build the kit (../shared/gpu/README.md) and bundle it with the wheels the H200
+# lacks (math-verify and its two dependencies: the harvest grades) into 3 pieces that each fit
+# one device command beside the repo's own files (~13 MB of them: a 64 MiB limit in all):
+#   bash scripts/gpu_run.sh bundle            # -> .vllmcarry/b.0 .. b.2, BSUMS (git-ignored)
+# On the device, back to back while the machine stays warm (it is handed back after ~30 s
+# idle, and /tmp with it), each command carrying the piece it names and .vllmcarry/BSUMS:
+#   bash scripts/gpu_run.sh stage 0           # carry .vllmcarry/b.0 (prints what the H200 has)
+#   bash scripts/gpu_run.sh stage 1           # carry .vllmcarry/b.1
+#   bash scripts/gpu_run.sh stage 2 && bash scripts/gpu_run.sh unpack && bash scripts/gpu_run.sh tests
+#                                             # carry .vllmcarry/b.2
+#   bash scripts/gpu_run.sh bench-engine      # adapter vs plain LLM.generate
+#   bash scripts/gpu_run.sh bench-harvest     # harvest vs plain generate
+#   bash scripts/gpu_run.sh bench-solve       # gambit-solve's loop vs SC
+# Results go to $OUT (the device's returned folder).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+R=$PWD
+VC=${GAMBIT_GPU_VC:-/tmp/vc}
+export SITE=${GAMBIT_GPU_SITE:-/tmp/site}
+OUT=${OUT:-$R/runs/gpu}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+
+gpu_env() {
+  ls "$SITE/vllm" >/dev/null 2>&1 || { echo "no $SITE: run stage 0-3 and unpack first" >&2; exit 3; }
+  export PYTHONPATH=$SITE:$R VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
+    HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false VLLM_WORKER_MULTIPROC_METHOD=spawn
+}
+
+case "${1:-}" in
+  bundle)
+    KIT=${GAMBIT_CARRY_WORK:-/tmp/gambit-vllm-carry}/vllm026.tar.xz
+    [ -f "$KIT" ] || bash ../shared/gpu/build_vllm_carry.sh .vllmcarry
+    W=$(mktemp -d)
+    mkdir -p "$W/wheels"
+    # pure-Python grading deps the H200 lacks (it has pytest, pyarrow, psutil, tqdm, sympy)
+    python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux2014_x86_64 --no-deps -d "$W/wheels" math-verify==0.9.0 \
+      latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
+    cp "$KIT" "$W/" && (cd "$W" && sha256sum vllm026.tar.xz > KIT.sha256 &&
+      tar -cf "$W.tar" vllm026.tar.xz KIT.sha256 wheels)
+    rm -f .vllmcarry/b.?
+    split -n 3 -d -a 1 "$W.tar" .vllmcarry/b.
+    (cd .vllmcarry && sha256sum b.? > BSUMS)
+    rm -rf "$W" "$W.tar"
+    ls -l .vllmcarry ;;
+  stage)
+    mkdir -p $VC && mv ".vllmcarry/b.$2" $VC/
+    [ -f .vllmcarry/BSUMS ] && cp .vllmcarry/BSUMS $VC/
+    if [ "$2" = 0 ]; then
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+      $PY - <<'EOF'
+import importlib.util as u, sys
+print(sys.version.split()[0])
+for m in ["torch", "transformers", "tokenizers", "safetensors", "numpy", "zmq", "psutil", "pytest",
+          "math_verify", "latex2sympy2_extended", "pyarrow", "sympy", "mpmath", "tqdm", "gguf"]:
+    s = u.find_spec(m)
+    v = ""
+    if s is not None and m in ("torch", "transformers", "pyarrow", "pytest"):
+        v = __import__(m).__version__
+    print(f"{m}: {'yes ' + v if s else 'no'}")
+EOF
+    fi
+    ls -l $VC ;;
+  unpack)
+    cd $VC && sha256sum -c BSUMS && cat b.0 b.1 b.2 | tar -x && sha256sum -c KIT.sha256
+    mkdir -p "$SITE"
+    $PY -c "import sys,tarfile; tarfile.open('vllm026.tar.xz','r:xz').extractall('$SITE',filter='data')"
+    # a wheel is a zip of its importable files: unpack those the H200 lacks
+    $PY - <<'EOF'
+import glob, importlib.util as u, os, zipfile
+names = {"pytest": "pytest", "pluggy": "pluggy", "iniconfig": "iniconfig", "pygments": "pygments",
+         "packaging": "packaging", "math_verify": "math_verify",
+         "latex2sympy2_extended": "latex2sympy2_extended", "antlr4_python3_runtime": "antlr4",
+         "pyarrow": "pyarrow"}
+for w in sorted(glob.glob("wheels/*.whl")):
+    dist = w.split("/")[-1].split("-")[0]
+    mod = names.get(dist, dist)
+    if u.find_spec(mod) is None:
+        zipfile.ZipFile(w).extractall(os.environ["SITE"])
+        print("unpacked", dist)
+EOF
+    rm -f b.? vllm026.tar.xz
+    ls "$SITE" | head -60 | tr '\n' ' '; echo ;;
+  tests)
+    gpu_env
+    GAMBIT_GPU_RESULTS=$OUT/gpu_tests.json $PY -m pytest -q -p no:cacheprovider -m gpu \
+      tests/test_vllm_gpu.py 2>&1 | tee "$OUT/gpu_tests.txt" | grep -v "^\s*$" | tail -40
+    exit "${PIPESTATUS[0]}" ;;
+  bench-engine)
+    gpu_env
+    $PY benchmarks/engine_overhead.py --concurrency 64 256 --reps 3 --kv-bytes $((2 << 30)) \
+      --json "$OUT/engine_overhead.json" 2>&1 | tee "$OUT/engine_overhead.txt" | grep -v "INFO\|WARNING" | tail -25 ;;
+  bench-harvest)
+    gpu_env
+    $PY benchmarks/harvest_throughput.py --questions 64 --n 16 --repeats "${2:-2}" \
+      > "$OUT/harvest_throughput.json" 2> "$OUT/harvest_throughput.log"
+    cat "$OUT/harvest_throughput.json" | tail -30 ;;
+  bench-solve)
+    gpu_env
+    $PY benchmarks/solve_bench.py --dataset toy:val:64 --n 32 --repeats "${2:-2}" \
+      --out "$OUT/solve_bench.json" 2>&1 | tee "$OUT/solve_bench.txt" | grep -v "INFO\|WARNING" | tail -30 ;;
+  *)
+    sed -n 2,20p "$0"; exit 2 ;;
+esac
