@@ -72,6 +72,8 @@ class SolveConfig:
     branch_point: str = "boundary"
     """Where a child branches: "boundary" (the parent's last scored thought boundary) or
     "current" (its current tokens, the reference)."""
+    parents: str = "top"
+    """Which eligible traces Gambit forks from: "top" (best scored) or "random" (ablation)."""
     ghosts: bool = True
     """Under memory pressure evict the lowest-scored running trace to a ghost."""
     revive: bool = False
@@ -123,7 +125,8 @@ class SolveConfig:
 
 
 FINGERPRINT = ("dataset", "model", "scorer", "method", "n", "capacity", "swap", "interval",
-               "warmup", "floor", "child_temperature", "branch_point", "ghosts", "revive",
+               "warmup", "floor", "child_temperature", "branch_point", "parents", "ghosts",
+               "revive",
                "temperature", "top_p", "top_k", "max_tokens", "seed", "max_questions",
                "kv_cache", "max_live", "score_every", "engine",
                "deepconf_window", "deepconf_warmup", "deepconf_top_k", "slim_interval",
@@ -265,7 +268,9 @@ def prepare_out(out: Path, cfg: SolveConfig, ident: dict) -> set[str]:
     path = out / "run_config.json"
     if path.exists():
         have = json.loads(path.read_text())
-        diff = [k for k in want if have.get(k) != want[k]]
+        defaults = SolveConfig()
+        # a key an older version did not record counts as its default
+        diff = [k for k in want if have.get(k, getattr(defaults, k, None)) != want[k]]
         if diff:
             what = ", ".join(f"{k}: {have.get(k)!r} there vs {want[k]!r} now" for k in diff)
             raise _err(f"{out} holds a run of another config ({what}); use another --out")

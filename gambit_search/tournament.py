@@ -45,6 +45,7 @@ Semantics (../shared/REFERENCE.md, "Gambit"); where ours differs it says why:
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 from gambit_search.policy import (
@@ -101,6 +102,9 @@ class TournamentConfig:
     tokens (the reference)."""
     max_unique_tokens: int | None = None
     """Safety stop: end the question after this many unique tokens (None: no cap)."""
+    parents: str = "top"
+    """"top": fork from the best eligible parents; "random": from eligible parents drawn at
+    random (an ablation: does the scorer's choice of parent matter?)."""
 
     def __post_init__(self) -> None:
         if self.swap < 1:
@@ -123,6 +127,8 @@ class TournamentConfig:
         if self.branch_point not in BRANCH_POINTS:
             raise TournamentConfigError(
                 f"branch_point must be one of {BRANCH_POINTS}, got {self.branch_point!r}")
+        if self.parents not in ("top", "random"):
+            raise TournamentConfigError(f"parents must be 'top' or 'random', got {self.parents!r}")
         if self.max_unique_tokens is not None and self.max_unique_tokens < 1:
             raise TournamentConfigError(
                 f"max_unique_tokens must be >= 1, got {self.max_unique_tokens}")
@@ -206,6 +212,9 @@ class Tournament(NodeBook):
             victims += bottom[:k]
         vset = {n.id for n in victims}
         parents = [p for p in parents if p.id not in vset]
+        if cfg.parents == "random":  # deterministic: a function of the round's state
+            key = hash((self.rounds, tuple((p.id, p.score) for p in parents)))
+            random.Random(key).shuffle(parents)
         slots = cfg.capacity - (len(active) - len(victims))
         acts: list[Action] = []
         used: list[int] = []
@@ -224,6 +233,19 @@ class Tournament(NodeBook):
                                "active": len(self.active()), "pruned": len(victims),
                                "parents": used, "ghosts": len(self.ghosts())})
         return acts
+
+    def stats(self) -> dict:
+        """Tree statistics plus parent diversity: distinct parents per round that forked, and
+        the share of all forks taken from each round's most used parent."""
+        st = super().stats()
+        forked = [r["parents"] for r in self.round_log if r["parents"]]
+        st["rounds"] = self.rounds
+        st["distinct_parents_per_round"] = (
+            round(sum(len(set(p)) for p in forked) / len(forked), 3) if forked else 0.0)
+        st["top_parent_share"] = (
+            round(sum(max(p.count(x) for x in p) for p in forked)
+                  / sum(len(p) for p in forked), 3) if forked else 0.0)
+        return st
 
     def _fork(self, p: Node) -> Fork:
         cfg = self.config

@@ -311,8 +311,26 @@ def test_failures_are_replaced():
 @pytest.mark.parametrize("kw, msg", [
     (dict(capacity=6, swap=4), "2K"), (dict(interval=0), "interval"), (dict(warmup=0), "warmup"),
     (dict(warmup=-3), "warmup"), (dict(swap=0), "swap"), (dict(branch_point="x"), "branch_point"),
+    (dict(parents="best"), "parents"),
 ])
 def test_bad_parameters_are_one_line_errors(kw, msg):
     with pytest.raises(TournamentConfigError, match=msg) as e:
         TournamentConfig(**kw)
     assert "\n" not in str(e.value)
+
+
+def test_random_parents_ablation_picks_other_parents():
+    picks = {"top": set(), "random": set()}
+    for mode in picks:
+        for trial in range(6):
+            t = _tour(capacity=8, swap=1, parents=mode, floor=0.0)
+            t.start()
+            for n in range(8):
+                t.handle(Scored(n, 1, 0.1 + n / 10 + trial / 1000))
+            # node 7 scores best; give everyone tokens past warmup, one round
+            t.handle(Progress({n: NodeDelta((9, 9)) for n in range(8)}))
+            picks[mode] |= {c.parent for c in t.nodes.values() if c.parent is not None}
+    assert picks["top"] == {7}
+    assert len(picks["random"]) > 1
+    st = t.stats()
+    assert st["rounds"] == 1 and st["distinct_parents_per_round"] == 1.0

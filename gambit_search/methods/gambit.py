@@ -22,6 +22,7 @@ def tournament_config(params) -> TournamentConfig:
         child_temperature=float(params.child_temperature), budget=int(params.n),
         ghosts=bool(params.ghosts), revive=bool(params.revive),
         branch_point=str(params.branch_point),
+        parents=str(getattr(params, "parents", "top")),
         max_unique_tokens=4 * int(params.n) * int(cap_tokens) if cap_tokens else None,
     )
 
