@@ -87,6 +87,12 @@ def convert(out: Path | None = None, gguf: Path | None = None, force: bool = Fal
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
+    # the EOS the model was trained to end a turn with (<|im_end|>, id 2) is the config's;
+    # transformers 5.17's GGUF tokenizer conversion made <|im_start|> the tokenizer's EOS
+    # (seen on the H200), 5.19's gets it right: pin it to the config's
+    eos = cfg.eos_token_id
+    if isinstance(eos, int) and tok.eos_token_id != eos:
+        tok.eos_token = tok.convert_ids_to_tokens(eos)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
     (tmp / _DONE).write_text(json.dumps({"gguf": src.name, "dtype": "float32"}) + "\n")
