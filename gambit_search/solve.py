@@ -74,6 +74,8 @@ class SolveConfig:
     "current" (its current tokens, the reference)."""
     parents: str = "top"
     """Which eligible traces Gambit forks from: "top" (best scored) or "random" (ablation)."""
+    drain: bool = False
+    """Gambit: at the budget let the running traces finish and vote instead of stopping them."""
     ghosts: bool = True
     """Under memory pressure evict the lowest-scored running trace to a ghost."""
     revive: bool = False
@@ -125,8 +127,8 @@ class SolveConfig:
 
 
 FINGERPRINT = ("dataset", "model", "scorer", "method", "n", "capacity", "swap", "interval",
-               "warmup", "floor", "child_temperature", "branch_point", "parents", "ghosts",
-               "revive",
+               "warmup", "floor", "child_temperature", "branch_point", "parents", "drain",
+               "ghosts", "revive",
                "temperature", "top_p", "top_k", "max_tokens", "seed", "max_questions",
                "kv_cache", "max_live", "score_every", "engine",
                "deepconf_window", "deepconf_warmup", "deepconf_top_k", "slim_interval",

@@ -37,8 +37,9 @@ Semantics (../shared/REFERENCE.md, "Gambit"); where ours differs it says why:
 - **Memory pressure** (``MemoryPressure(evict=n)``): the n lowest-scored running nodes
   (unscored ones first) become ghosts; a question always keeps one node running.
   ``revive=n`` (only with ``revive=True``) puts the best ghosts back.
-- **Termination**: ``budget`` completed nodes (default C), or no node running (all ghosts
-  or all done), or ``max_unique_tokens`` (a safety stop the reference lacks: a search can
+- **Termination**: ``budget`` completed nodes (default C; with ``drain`` the running ones
+  then finish and vote too), or no node running (all ghosts or all done), or
+  ``max_unique_tokens`` (a safety stop the reference lacks: a search can
   keep pruning the traces nearest their end; default 4 x budget x max_tokens when the
   driver knows the token cap). Active nodes are then stopped and do not vote.
 """
@@ -105,6 +106,11 @@ class TournamentConfig:
     parents: str = "top"
     """"top": fork from the best eligible parents; "random": from eligible parents drawn at
     random (an ablation: does the scorer's choice of parent matter?)."""
+    drain: bool = False
+    """At the budget, stop branching but let the running traces finish and vote (ghosts are
+    pruned), instead of stopping them (the reference). On the toy world the first traces to
+    finish are more often wrong (they gave up checking), so stopping at the budget biases
+    the vote."""
 
     def __post_init__(self) -> None:
         if self.swap < 1:
@@ -147,6 +153,8 @@ class Tournament(NodeBook):
         self.config = config
         self.budget = config.budget if config.budget is not None else config.capacity
         self._since_round = 0
+        self.draining = False
+        """Budget reached with ``drain``: no more rounds, the running traces finish and vote."""
         self.rounds = 0
         self.round_log: list[dict] = []
         """Per round: active count, parents used (for parent-diversity ablations)."""
@@ -175,7 +183,7 @@ class Tournament(NodeBook):
                     and self.unique_tokens >= self.config.max_unique_tokens):
                 return self.stop()
             acts: list[Action] = []
-            if self._since_round >= self.config.interval:
+            if self._since_round >= self.config.interval and not self.draining:
                 self._since_round = 0
                 acts = self.round()
             return acts + self._check_end()
@@ -186,8 +194,19 @@ class Tournament(NodeBook):
     def _check_end(self) -> list[Action]:
         if self.done:
             return []
-        if len(self.completed()) >= self.budget or not self.running():
+        if not self.running():
             return self.stop()
+        if len(self.completed()) >= self.budget:
+            if not self.config.drain:
+                return self.stop()
+            if not self.draining:  # no more rounds; ghosts go, the running ones finish
+                self.draining = True
+                acts: list[Action] = []
+                for g in self.ghosts():
+                    self._end(g, NodeState.PRUNED)
+                    self.counts["prunes"] += 1
+                    acts.append(Prune(g.id))
+                return acts
         return []
 
     # -- a round -------------------------------------------------------------------------------
@@ -259,7 +278,7 @@ class Tournament(NodeBook):
     # -- memory --------------------------------------------------------------------------------
     def _on_memory(self, e: MemoryPressure) -> list[Action]:
         acts: list[Action] = []
-        if e.evict > 0 and self.config.ghosts:
+        if e.evict > 0 and self.config.ghosts and not self.draining:
             run = sorted(self.running(), key=_rank_key)
             for n in run[: max(0, min(e.evict, len(run) - 1))]:
                 n.state = NodeState.GHOST

@@ -98,6 +98,7 @@ class Params:
     ghosts: bool = True
     revive: bool = False
     max_tokens: int = 60
+    drain: bool = False
 
 
 def _method() -> Method:
@@ -152,12 +153,14 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
     seed=st.integers(0, 10_000),
     n_questions=st.integers(1, 3),
     score_every=st.sampled_from([1, 3]),
+    drain=st.booleans(),
 )
 def test_invariants_hold_on_the_fake_engine(k, extra, interval, warmup, floor, branch, ghosts,
-                                            revive, num_blocks, seed, n_questions, score_every):
+                                            revive, num_blocks, seed, n_questions, score_every,
+                                            drain):
     cap = 2 * k + extra
     params = Params(n=cap, capacity=cap, swap=k, interval=interval, warmup=warmup, floor=floor,
-                    branch_point=branch, ghosts=ghosts, revive=revive)
+                    branch_point=branch, ghosts=ghosts, revive=revive, drain=drain)
     eng, drv, results = _run(params, num_blocks, seed, n_questions, max_live=2 * cap,
                              score_every=score_every)
     assert len(results) == n_questions  # every run terminates, every question is reported
@@ -169,7 +172,7 @@ def test_invariants_hold_on_the_fake_engine(k, extra, interval, warmup, floor, b
         completed = [n for n in nodes if n["state"] == "completed"]
         assert sum(v["count"] for v in r["votes"]) == sum(1 for n in completed if n["answer"])
         assert r["tree_stats"]["completions"] == len(completed)
-        assert len(completed) <= params.n
+        assert len(completed) <= (params.n if not drain else params.capacity + params.n)
         # nothing is left active
         assert all(n["state"] not in ("running", "ghost") for n in nodes)
     # unique tokens: tokens each engine trace generated itself (its own output), pruned
@@ -334,3 +337,15 @@ def test_random_parents_ablation_picks_other_parents():
     assert len(picks["random"]) > 1
     st = t.stats()
     assert st["rounds"] == 1 and st["distinct_parents_per_round"] == 1.0
+
+
+def test_drain_lets_running_traces_finish_and_vote():
+    t = _tour(budget=2, drain=True)
+    t.start()
+    t.handle(MemoryPressure(evict=1))  # node 0 (unscored, oldest) becomes a ghost
+    t.handle(Finished(1, "stop", "5"))
+    acts = t.handle(Finished(2, "stop", "5"))  # budget reached: the ghost goes, 3 runs on
+    assert acts == [Prune(0)] and not t.done and t.draining
+    assert not [a for a in _tick(t, [3], 5) if isinstance(a, Fork | Prune)]  # no more rounds
+    acts = t.handle(Finished(3, "stop", "6"))
+    assert t.done and sorted(v[0] for v in t.votes()) == [1, 2, 3]
