@@ -74,8 +74,9 @@ class SolveConfig:
     "current" (its current tokens, the reference)."""
     parents: str = "top"
     """Which eligible traces Gambit forks from: "top" (best scored) or "random" (ablation)."""
-    drain: bool = False
-    """Gambit: at the budget let the running traces finish and vote instead of stopping them."""
+    drain: bool = True
+    """Gambit: at the budget let the running traces finish and vote instead of stopping them
+    (false: the reference's stop) [paper: false]."""
     ghosts: bool = True
     """Under memory pressure evict the lowest-scored running trace to a ghost."""
     revive: bool = False

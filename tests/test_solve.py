@@ -163,7 +163,7 @@ def test_a_failing_question_is_recorded_and_the_others_go_on(tmp_path, fake_scor
     assert len(by_q) == 3 and s["failed"] == 1
     assert by_q["x" * 600]["error"].startswith("all traces errored: prompt of")
     ok = [r for r in s["results"] if not r["error"]]
-    assert len(ok) == 2 and all(r["tree_stats"]["completions"] == 6 for r in ok)
+    assert len(ok) == 2 and all(r["tree_stats"]["completions"] >= 6 for r in ok)  # drain: more
 
 
 def test_driver_records_an_empty_question():
@@ -186,4 +186,4 @@ def test_one_question_prints_answer_votes_and_tree(fake_scorer):
              "--interval", "2", "--warmup", "4", "Start 3. Ops: +1. Mod 100.")
     assert p.returncode == 0, p.stderr
     assert "answer:" in p.stdout and "votes" in p.stdout
-    assert re.search(r"tree: \d+ nodes, \d+ branches, \d+ pruned, \d+ ghosts, 6 completed", p.stdout)
+    assert re.search(r"tree: \d+ nodes, \d+ branches, \d+ pruned, \d+ ghosts, \d+ completed", p.stdout)

@@ -29,7 +29,9 @@ def test_dataset_solves_end_to_end_with_gambit_and_sc(engine, decode, tmp_path):
         assert s["questions"] == 4 and s["failed"] == 0
         rows = [json.loads(x) for x in (tmp_path / method / "results.jsonl").read_text().split("\n") if x]
         for r in rows:
-            assert r["tree_stats"]["completions"] == 8
+            # SC: exactly its 8; Gambit drains: the traces running at its 8th completion vote too
+            done = r["tree_stats"]["completions"]
+            assert done == 8 if method == "sc" else 8 <= done < 16
             assert r["answer"] is not None and r["answer"].isdigit()  # the toy boxes an integer
             assert r["correct"] == (r["answer"] == r["gold"] or int(r["answer"]) == int(r["gold"]))
     g = runs["gambit"]

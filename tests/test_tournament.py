@@ -293,7 +293,7 @@ def test_memory_pressure_keeps_one_trace_running():
 
 
 def test_budget_stops_and_active_traces_do_not_vote():
-    t = _tour(budget=2)
+    t = _tour(budget=2, drain=False)
     t.start()
     t.handle(Finished(0, "stop", "5"))
     t.handle(Finished(0, "stop", "5"))  # a repeated finish votes once

@@ -23,7 +23,7 @@ def tournament_config(params) -> TournamentConfig:
         ghosts=bool(params.ghosts), revive=bool(params.revive),
         branch_point=str(params.branch_point),
         parents=str(getattr(params, "parents", "top")),
-        drain=bool(getattr(params, "drain", False)),
+        drain=bool(getattr(params, "drain", True)),
         max_unique_tokens=4 * int(params.n) * int(cap_tokens) if cap_tokens else None,
     )
 
