@@ -83,3 +83,19 @@ def toy_hf_model():
     model = AutoModelForCausalLM.from_pretrained(str(TOY_POLICY), dtype=torch.float32)
     model.eval()
     return model
+
+
+@pytest.fixture(scope="session")
+def fake_scorer(tmp_path_factory) -> str:
+    """A random MLP scorer checkpoint for the fake engine's 16-wide states (boundary token 4)."""
+    import torch
+
+    from gambit_scorer.checkpoint import save_checkpoint
+    from gambit_scorer.models import StepMLP
+    from gambit_search.fake_engine import BOUNDARY, FakeEngineConfig
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("scorer") / "ckpt.pt"
+    save_checkpoint(path, StepMLP(FakeEngineConfig().hidden_size, [8]), features=["hidden"],
+                    hidden_size=FakeEngineConfig().hidden_size, boundary_token_ids=[BOUNDARY])
+    return str(path)

@@ -14,19 +14,6 @@ from gambit_search.bench import BenchConfig, BenchInputError, bench, parse_sets,
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def fake_scorer(tmp_path_factory) -> str:
-    import torch
-
-    from gambit_scorer.checkpoint import save_checkpoint
-    from gambit_scorer.models import StepMLP
-
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("scorer") / "ckpt.pt"
-    save_checkpoint(path, StepMLP(16, [8]), features=["hidden"], hidden_size=16,
-                    boundary_token_ids=[4])
-    return str(path)
-
 
 def _cfg(tmp_path, scorer, **kw) -> BenchConfig:
     base = dict(out=str(tmp_path / "b"), engine="fake", methods="sc,gambit",

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from gambit_search.driver import Driver, DriverConfig
 from gambit_search.engine import SamplingSpec, TokenLogprobs
-from gambit_search.fake_engine import BOUNDARY, FIRST_TEXT, FakeEngine, FakeEngineConfig
+from gambit_search.fake_engine import FIRST_TEXT, FakeEngine, FakeEngineConfig
 from gambit_search.methods import Method, PolicyContext, get_method, method_names
 from gambit_search.methods.bon import BestOfN
 from gambit_search.methods.deepconf import (
@@ -44,6 +44,7 @@ from gambit_search.policy import (
 )
 from gambit_search.solve import SolveConfig, SolveInputError, solve
 from gambit_search.voting import vote
+from tests.doubles import RandomScorer
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINES = ("bon", "step", "deepconf-low", "deepconf-high", "slim-sc")
@@ -366,23 +367,6 @@ def test_slim_sc_config_is_checked(kw, msg):
 # ----------------------------------------------------------------------------- on the driver
 
 
-class RandomScorer:
-    needs_confidence = False
-
-    def __init__(self, seed: int = 0) -> None:
-        self.seed, self.keys = seed, set()
-
-    def add(self, key, parent=None) -> None:
-        self.keys.add(key)
-
-    def drop(self, key) -> None:
-        self.keys.discard(key)
-
-    def __contains__(self, key) -> bool:
-        return key in self.keys
-
-    def score(self, items, logprobs=None):
-        return [random.Random(hash((self.seed, k, j))).random() for k, _, j in items]
 
 
 @dataclass
@@ -467,19 +451,6 @@ def test_step_prunes_under_memory_pressure_on_the_fake_engine():
 
 # ----------------------------------------------------------------------------- gambit-solve
 
-
-@pytest.fixture(scope="module")
-def fake_scorer(tmp_path_factory) -> str:
-    import torch
-
-    from gambit_scorer.checkpoint import save_checkpoint
-    from gambit_scorer.models import StepMLP
-
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("scorer") / "ckpt.pt"
-    save_checkpoint(path, StepMLP(16, [8]), features=["hidden"], hidden_size=16,
-                    boundary_token_ids=[BOUNDARY])
-    return str(path)
 
 
 @pytest.mark.parametrize("name", ["bon", "step", "deepconf-low", "deepconf-high"])

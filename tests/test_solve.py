@@ -16,20 +16,6 @@ from gambit_search.solve import SolveConfig, SolveInputError, rescore, solve
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def fake_scorer(tmp_path_factory) -> str:
-    """A random MLP scorer for the fake engine's 16-wide states (boundary token 4)."""
-    import torch
-
-    from gambit_scorer.checkpoint import save_checkpoint
-    from gambit_scorer.models import StepMLP
-
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("scorer") / "ckpt.pt"
-    save_checkpoint(path, StepMLP(16, [8]), features=["hidden"], hidden_size=16,
-                    boundary_token_ids=[4])
-    return str(path)
-
 
 def _cfg(tmp_path: Path, scorer: str, **kw) -> SolveConfig:
     base = dict(engine="fake", dataset="toy:val:6", n=6, swap=2, interval=2, warmup=4,
