@@ -161,16 +161,15 @@ def _thought_confidence(logprobs, boundary_offsets: list[int]) -> tuple[list[flo
     """Mean and min log-prob of the sampled tokens of each thought (the tokens after the
     previous boundary up to and including this one). Unknown (NaN) values are left out; a
     thought with none known gets NaN (the engine knows every token up to the last boundary
-    state it emitted, so this does not happen in a harvest)."""
-    import numpy as np
+    state it emitted, so this does not happen in a harvest). The same per-thought values the
+    search feeds a confidence-trained scorer at run time."""
+    from gambit_search.scoring import thought_confidence  # the run-time definition
 
-    lp = np.asarray(logprobs, dtype=np.float64)
     means, mins, start = [], [], 0
     for b in boundary_offsets:
-        seg = lp[start : b + 1]
-        seg = seg[~np.isnan(seg)]
-        means.append(float(seg.mean()) if len(seg) else float("nan"))
-        mins.append(float(seg.min()) if len(seg) else float("nan"))
+        m, n = thought_confidence(logprobs, start, b)
+        means.append(m)
+        mins.append(n)
         start = b + 1
     return means, mins
 
