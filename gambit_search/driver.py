@@ -307,7 +307,7 @@ class Driver:
                     self._apply(st, st.policy.handle(Finished(a.node, "error", error=str(e))))
                     continue
                 self._bind(st, a.node, t, parent)
-                st.fork_prompt[a.node] = len(st.prompt) + self.params_inherited(st, a)
+                st.fork_prompt[a.node] = len(eng.trace_info(t).prompt_ids)
             elif isinstance(a, Prune):
                 self._kill(st, a.node)
             elif isinstance(a, Evict):
@@ -319,11 +319,6 @@ class Driver:
                     self._kill(st, n)
             else:
                 raise TypeError(f"unknown action {a!r}")
-
-    def params_inherited(self, st: _Q, a: Fork) -> int:
-        """Output tokens the fork ``a`` inherits (from the policy's tree when it has one)."""
-        nodes = getattr(st.policy, "nodes", None)
-        return nodes[a.node].inherited if nodes and a.node in nodes else 0
 
     def _bind(self, st: _Q, node: int, trace: int, parent_trace: int | None) -> None:
         st.trace_of[node] = trace
