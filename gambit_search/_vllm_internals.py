@@ -287,11 +287,24 @@ class CaptureSpec:
 @dataclass
 class _Step:
     req_ids: list[str]
-    rows: torch.Tensor  # [n, d], device, model dtype
-    pos: torch.Tensor  # [n] device
-    tok: torch.Tensor  # [n] device
-    lp: torch.Tensor | None = None  # [n] device float32: log-prob of the input token (NaN: unknown)
-    event: Any = None  # CUDA event recorded after the gathers (None: ready at once)
+    rows: torch.Tensor  # [n, d], model dtype: on the host (pinned, filled async on CUDA)
+    pos: torch.Tensor  # [n] host
+    tok: torch.Tensor  # [n] host
+    lp: torch.Tensor | None = None  # [n] host float32: log-prob of the input token (NaN: unknown)
+    event: Any = None  # CUDA event recorded after the host copies (None: ready at once)
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``t`` that never waits for the device: on CUDA a non-blocking copy into
+    pinned memory (torch's caching host allocator reuses the blocks, so this costs no
+    ``cudaHostAlloc`` per step once warm), ordered on the current stream before whatever the
+    next step writes into ``t``; the copy is complete when the step's event is. On the CPU a
+    clone (the runner reuses its buffers)."""
+    if t.is_cuda:
+        h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        h.copy_(t, non_blocking=True)
+        return h
+    return t.detach().clone()
 
 
 class SampledLogprobs:
@@ -414,27 +427,32 @@ class RowCapture:
         self.steps_recorded += 1
         self.rows_seen += len(keep)
         if len(keep) == n:
-            step = _Step(list(req_ids), rows[:n].detach().clone(), positions[:n].clone(),
-                         tokens[:n].clone())
+            ids, r, p, t = list(req_ids), rows[:n], positions[:n], tokens[:n]
             lg = logits[:n] if logits is not None else None
         else:
             idx = torch.tensor(keep, dtype=torch.long).to(rows.device, non_blocking=True)
-            step = _Step([req_ids[i] for i in keep], rows.index_select(0, idx),
-                         positions.index_select(0, idx), tokens.index_select(0, idx))
+            ids = [req_ids[i] for i in keep]
+            r, p, t = (x.index_select(0, idx) for x in (rows, positions, tokens))
             lg = logits.index_select(0, idx) if logits is not None else None
+        lp = None
         if self.spec.logprobs:
             if lg is not None:
-                step.lp = self._logprobs.step(step.req_ids, step.pos, step.tok, lg)
+                lp = self._logprobs.step(ids, p, t, lg)
             else:  # a step without logits (stand-in runners): unknown
-                step.lp = torch.full((len(step.req_ids),), float("nan"), device=step.pos.device)
-        step.event = self._make_event(step)
+                lp = torch.full((len(ids),), float("nan"), device=p.device)
+        # Everything goes to the host now, without waiting: a blocking copy later (in
+        # _filter, while the next step's forward is queued) would wait for that forward and
+        # take away the CPU/GPU overlap of vLLM's async scheduling (seen on 0.26.0 MRV2).
+        step = _Step(ids, _to_host(r), _to_host(p), _to_host(t),
+                     None if lp is None else _to_host(lp))
+        step.event = self._make_event(r)
         self._pending.append(step)
         self._compact(block=len(self._pending) > self.spec.max_pending_steps)
         self._send()
 
-    def _make_event(self, step: _Step) -> Any:
-        """A completion marker for ``step``'s gathers (None: complete at once)."""
-        if step.rows.is_cuda:
+    def _make_event(self, device_rows: torch.Tensor) -> Any:
+        """A completion marker for a step's host copies (None: complete at once)."""
+        if device_rows.is_cuda:
             ev = torch.cuda.Event()
             ev.record()
             return ev
@@ -464,8 +482,10 @@ class RowCapture:
         (the driver's watermark: which rows exist) and the kept rows' data."""
         spec = self.spec
         think = {t for t in (spec.think_start, spec.think_end) if t is not None}
-        pos = st.pos.to("cpu", dtype=torch.int64).numpy()
-        tok = st.tok.to("cpu", dtype=torch.int64).numpy()
+        if st.event is not None:
+            st.event.synchronize()  # at once unless _compact was told to block
+        pos = st.pos.to(torch.int64).numpy()
+        tok = st.tok.to(torch.int64).numpy()
         keys = [self._parse(r) for r in st.req_ids]
         n = len(keys)
         plen = np.fromiter((k.prompt_len for k in keys), dtype=np.int64, count=n)
@@ -491,8 +511,7 @@ class RowCapture:
                     closed[k.ext] = t == spec.think_end
         sel = np.nonzero(mask)[0]
         if len(sel):
-            idx = torch.from_numpy(sel).to(st.rows.device)
-            rows = st.rows.index_select(0, idx).to("cpu", dtype=torch.float32).numpy()
+            rows = st.rows[torch.from_numpy(sel)].to(torch.float32).numpy()
         else:
             rows = np.zeros((0, st.rows.shape[1]), dtype=np.float32)
         self.rows_kept += len(sel)
@@ -506,7 +525,7 @@ class RowCapture:
             "ids": [keys[i].ext for i in sel.tolist()],
             "tok": tok[sel],
             "rows": rows,
-            "lp": None if st.lp is None else st.lp.to("cpu", dtype=torch.float32).numpy(),
+            "lp": None if st.lp is None else st.lp.to(torch.float32).numpy(),
         }, protocol=pickle.HIGHEST_PROTOCOL))
 
     def _split_boundaries(self, keys: list, pos: np.ndarray, tok: np.ndarray,

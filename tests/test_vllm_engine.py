@@ -346,6 +346,9 @@ class _LateEvent:
     def query(self):
         return self.ready
 
+    def synchronize(self):  # waiting completes it, as for a CUDA event
+        self.ready = True
+
 
 class LaggyCapture(vi.RowCapture):
     def _make_event(self, step):
