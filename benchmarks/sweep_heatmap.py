@@ -73,7 +73,9 @@ def draw(runs: list[dict], sc_tokens: float | None, out: Path,
                 txt = f"{100 * r['accuracy']:.0f}"
                 if sc_tokens:
                     txt += f"\n{r['unique_tokens'] / sc_tokens:.2f}x"
-                ax.text(j, i, txt, ha="center", va="center", fontsize=8)
+                dark = (r["accuracy"] - lo) < 0.5 * (hi - lo)
+                ax.text(j, i, txt, ha="center", va="center", fontsize=8,
+                        color="white" if dark else "black")
         im = ax.imshow(a, vmin=lo, vmax=hi, cmap="viridis", aspect="auto")
         ax.set_xticks(range(len(ds)), [str(d) for d in ds])
         ax.set_yticks(range(len(ks)), [str(k) for k in ks])
@@ -83,7 +85,7 @@ def draw(runs: list[dict], sc_tokens: float | None, out: Path,
     sub = "accuracy (%), unique tokens vs SC"
     if sc_accuracy is not None:
         sub += f"; SC {100 * sc_accuracy:.0f}%"
-    fig.suptitle(f"Gambit K x D x w sweep: {sub}", fontsize=10)
+    fig.suptitle(f"Gambit K x D x w sweep: {sub}", fontsize=10, y=1.04)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120, bbox_inches="tight")
