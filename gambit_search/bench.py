@@ -9,7 +9,8 @@ Every (method, dataset, seed) run is one ``gambit-solve`` run (same driver, engi
 accounting) into ``<out>/runs/<dataset>/<method>/seed<k>/``; a rerun skips finished
 questions, so the whole harness resumes after a crash. One engine serves every run (one
 model); ``--kv-cache`` sets its size to create memory pressure. Per-method parameters:
-``--set gambit.swap=2 step.n=32`` (or a ``set:`` mapping in the config file).
+``--set gambit.swap=2 step.n=32`` (or a ``set:`` mapping in the config file). A method may
+run twice under two labels: ``--methods gambit,gambit-c16=gambit --set gambit-c16.capacity=16``.
 
 Writes ``<out>/table.md`` and ``<out>/table.json`` (per method and dataset, pooled over
 seeds: accuracy with a 95% Wilson interval, unique tokens per question, wall, completions/s,
@@ -40,7 +41,8 @@ class BenchConfig:
     out: str
     """Output directory (resumable)."""
     methods: str = "sc,gambit"
-    """Comma-separated method names."""
+    """Comma-separated method names; ``label=method`` adds a variant of a method under its own
+    row (e.g. ``gambit-c16=gambit`` with ``--set gambit-c16.capacity=16``)."""
     datasets: str = "toy:val:20"
     """Comma-separated question sources (JSONL path, local HF dataset, toy:<split>[:n])."""
     seeds: str = "0"
@@ -135,11 +137,21 @@ def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
         raise BenchInputError(f"--seeds must be integers, got {cfg.seeds!r}") from None
     if not methods or not datasets or not seeds:
         raise BenchInputError("need at least one method, dataset and seed")
-    for m in methods:
+    base_of: dict[str, str] = {}  # row label -> registered method
+    for entry in methods:
+        label, _, name = entry.partition("=")
+        name = name.strip() or label
+        label = label.strip()
+        if not re.fullmatch(r"[\w-]+", label):
+            raise BenchInputError(f"--methods: bad label {label!r} (letters, digits, - and _)")
+        if label in base_of:
+            raise BenchInputError(f"--methods names {label!r} twice")
         try:
-            get_method(m)
+            get_method(name)
         except UnknownMethodError as e:
             raise BenchInputError(str(e)) from None
+        base_of[label] = name
+    methods = list(base_of)
     for m in sets:
         if m not in methods:
             raise BenchInputError(f"--set names method {m!r}, which is not in --methods")
@@ -159,7 +171,7 @@ def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
                 raise BenchInputError(f"--set {m}: unknown parameters {bad}")
             for s in seeds:
                 out = Path(cfg.out) / "runs" / _slug(d) / m / f"seed{s}"
-                sc = SolveConfig(**(base | {"dataset": d, "method": m, "seed": s,
+                sc = SolveConfig(**(base | {"dataset": d, "method": base_of[m], "seed": s,
                                             "out": str(out)} | extra))
                 try:
                     check_config(sc, None)

@@ -70,7 +70,24 @@ def test_config_file_and_flags(tmp_path, fake_scorer):
     assert run_cfg["max_tokens"] == 50 and run_cfg["n"] == 4
 
 
+def test_a_method_variant_gets_its_own_row_and_settings(tmp_path, fake_scorer):
+    cfg = _cfg(tmp_path, fake_scorer, methods="gambit,gambit-c4=gambit", datasets="toy:val:3",
+               seeds="0")
+    sets = {"gambit": dict(SETS["gambit"]), "gambit-c4": dict(SETS["gambit"], capacity=4)}
+    res = bench(cfg, sets, progress=False, figures=False)
+    assert [r["method"] for r in res["table"]] == ["gambit", "gambit-c4"]
+    caps = {}
+    for run in res["runs"]:
+        run_cfg = json.loads(Path(run["dir"], "run_config.json").read_text())
+        assert run_cfg["method"] == "gambit" and Path(run["dir"]).parent.name == run["method"]
+        caps[run["method"]] = run_cfg["capacity"]
+    assert caps == {"gambit": None, "gambit-c4": 4}
+
+
 @pytest.mark.parametrize("kw, sets, msg", [
+    (dict(methods="sc,x=nope"), {}, "unknown method 'nope'"),
+    (dict(methods="sc,sc=sc"), {}, "names 'sc' twice"),
+    (dict(methods="a b=sc"), {}, "bad label"),
     (dict(methods="sc,nope"), {}, "unknown method 'nope'"),
     (dict(datasets="toy:val:3,/no/such.jsonl"), {}, "cannot load dataset"),
     (dict(methods="gambit", scorer="none"), {}, "needs a scorer"),
