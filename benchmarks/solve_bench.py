@@ -56,8 +56,19 @@ def _row(s: dict, label: str, repeat: int) -> dict:
         "wall_s": s["wall_s"], "search_overhead_pct": tm["search_overhead_pct"],
         "timing": tm, "prefix_cache": s["prefix_cache"],
         "params": {k: s["config"][k] for k in ("n", "capacity", "swap", "interval", "warmup",
-                                               "floor", "branch_point", "child_temperature")},
+                                               "floor", "branch_point", "child_temperature",
+                                               "ghosts", "parents", "drain")},
+        "tree_means": _tree_means(s.get("results") or []),
     }
+
+
+def _tree_means(rows: list[dict]) -> dict:
+    """Per-question tree statistics (numbers only) averaged over the run's questions: nodes,
+    branches, prunes, ghosts, parent diversity (distinct_parents_per_round, top_parent_share)."""
+    stats = [r.get("tree_stats") or {} for r in rows if not r.get("error")]
+    keys = sorted({k for st in stats for k, v in st.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    return {k: round(statistics.fmean(st[k] for st in stats if k in st), 3) for k in keys}
 
 
 def main() -> None:
