@@ -294,17 +294,18 @@ class _Step:
     event: Any = None  # CUDA event recorded after the host copies (None: ready at once)
 
 
-def _to_host(t: torch.Tensor) -> torch.Tensor:
+def _to_host(t: torch.Tensor, fresh: bool = False) -> torch.Tensor:
     """A host copy of ``t`` that never waits for the device: on CUDA a non-blocking copy into
     pinned memory (torch's caching host allocator reuses the blocks, so this costs no
     ``cudaHostAlloc`` per step once warm), ordered on the current stream before whatever the
     next step writes into ``t``; the copy is complete when the step's event is. On the CPU a
-    clone (the runner reuses its buffers)."""
+    clone (the runner reuses its buffers), or ``t`` itself when ``fresh`` (a tensor this step
+    made, e.g. by ``index_select``: nobody else writes into it)."""
     if t.is_cuda:
         h = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
         h.copy_(t, non_blocking=True)
         return h
-    return t.detach().clone()
+    return t.detach() if fresh else t.detach().clone()
 
 
 class SampledLogprobs:
@@ -426,7 +427,8 @@ class RowCapture:
             return
         self.steps_recorded += 1
         self.rows_seen += len(keep)
-        if len(keep) == n:
+        fresh = len(keep) < n  # index_select makes new tensors: no clone needed on the CPU
+        if not fresh:
             ids, r, p, t = list(req_ids), rows[:n], positions[:n], tokens[:n]
             lg = logits[:n] if logits is not None else None
         else:
@@ -443,8 +445,8 @@ class RowCapture:
         # Everything goes to the host now, without waiting: a blocking copy later (in
         # _filter, while the next step's forward is queued) would wait for that forward and
         # take away the CPU/GPU overlap of vLLM's async scheduling (seen on 0.26.0 MRV2).
-        step = _Step(ids, _to_host(r), _to_host(p), _to_host(t),
-                     None if lp is None else _to_host(lp))
+        step = _Step(ids, _to_host(r, fresh), _to_host(p, fresh), _to_host(t, fresh),
+                     None if lp is None else _to_host(lp, fresh=True))
         step.event = self._make_event(r)
         self._pending.append(step)
         self._compact(block=len(self._pending) > self.spec.max_pending_steps)

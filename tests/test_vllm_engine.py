@@ -351,7 +351,7 @@ class _LateEvent:
 
 
 class LaggyCapture(vi.RowCapture):
-    def _make_event(self, step):
+    def _make_event(self, device_rows):
         for st in self._pending:
             st.event.ready = True
         return _LateEvent()
