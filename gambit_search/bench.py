@@ -162,14 +162,17 @@ def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
         base["model"] = cfg.model
     if cfg.scorer:
         base["scorer"] = cfg.scorer
+    for m in methods:
+        bad = sorted(set(sets.get(m, {})) - solve_fields)
+        if bad:
+            raise BenchInputError(f"--set {m}: unknown parameters {bad}")
+    # seed-major: a run cut short still leaves whole seeds of every method, not whole
+    # methods and none of the later ones
     jobs = []
     for d in datasets:
-        for m in methods:
-            extra = sets.get(m, {})
-            bad = sorted(set(extra) - solve_fields)
-            if bad:
-                raise BenchInputError(f"--set {m}: unknown parameters {bad}")
-            for s in seeds:
+        for s in seeds:
+            for m in methods:
+                extra = sets.get(m, {})
                 out = Path(cfg.out) / "runs" / _slug(d) / m / f"seed{s}"
                 sc = SolveConfig(**(base | {"dataset": d, "method": base_of[m], "seed": s,
                                             "out": str(out)} | extra))

@@ -18,7 +18,8 @@
 #   bash scripts/gpu_run.sh bench-solve       # gambit-solve's loop vs SC
 # With SmolLM2-135M-Instruct too: `bundle smol` adds its GGUF (converted on the device by
 # data_pipelines.smollm2), the gguf wheel and the AIME questions: 5 pieces, staged 0..4
-# the same way, then `unpack`, `tests-smol` (tests/test_smollm2.py on the GPU), `bench-smol`.
+# the same way, then `unpack`, `tests-smol` (tests/test_smollm2.py on the GPU; converts the
+# GGUF into /tmp/smol), `bench-smol` (adapter vs plain) and `bench-harvest-smol [reps]`.
 # Results go to $OUT (the device's returned folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -112,6 +113,12 @@ EOF
     $PY benchmarks/harvest_throughput.py --questions 64 --n 16 --repeats "${2:-2}" \
       > "$OUT/harvest_throughput.json" 2> "$OUT/harvest_throughput.log"
     cat "$OUT/harvest_throughput.json" | tail -30 ;;
+  bench-harvest-smol)
+    gpu_env
+    [ -f /tmp/smol/config.json ] || { echo "no /tmp/smol: run tests-smol first" >&2; exit 3; }
+    $PY benchmarks/harvest_throughput.py --model /tmp/smol --kv-gib 4 --questions 64 --n 16 \
+      --repeats "${2:-1}" > "$OUT/harvest_throughput_smol.json" 2> "$OUT/harvest_throughput_smol.log"
+    cat "$OUT/harvest_throughput_smol.json" | tail -30 ;;
   tests-smol)
     gpu_env
     if [ ! -f /tmp/smol/config.json ]; then
