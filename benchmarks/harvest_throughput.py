@@ -32,6 +32,7 @@ def main() -> None:
     p.add_argument("--max-concurrency", type=int, default=256)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--kv-gib", type=float, default=1.0, help="KV cache of both engines, GiB")
+    p.add_argument("--json", default=None, help="also write the result here (vLLM logs to stdout)")
     a = p.parse_args()
 
     from transformers import AutoTokenizer
@@ -94,6 +95,9 @@ def main() -> None:
     results["median_ratio_per_repetition"] = statistics.median(pairs)
     results["command"] = "python " + " ".join(sys.argv)
     print(json.dumps(results, indent=1))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -328,29 +328,45 @@ class SampledLogprobs:
 
     def __init__(self) -> None:
         self._lsm: torch.Tensor | None = None  # [n_prev, V] float32
-        self._pos: torch.Tensor | None = None  # [n_prev] positions of the previous rows
-        self._index: dict[str, int] = {}  # request id -> row of the previous step
+        self._next: torch.Tensor | None = None  # [n_prev] positions of the previous rows + 1
+        self._ids: list[str] = []  # request id of each previous row
+        self._index: dict[str, int] | None = {}  # request id -> previous row (lazily built)
 
     def step(self, req_ids: Sequence[str], positions: torch.Tensor, tokens: torch.Tensor,
              logits: torch.Tensor) -> torch.Tensor:
         """float32 [n]: log-prob of ``tokens[i]`` (the input token of row i, at
         ``positions[i]``) as sampled at the previous step; NaN where unknown."""
-        n = len(req_ids)
-        dev = logits.device
-        lp = torch.full((n,), float("nan"), dtype=torch.float32, device=dev)
-        prev = self._index
-        src = [prev.get(r, -1) for r in req_ids]
-        if self._lsm is not None and any(s >= 0 for s in src):
-            src_t = torch.tensor(src, dtype=torch.long).to(dev, non_blocking=True)
-            ok = src_t >= 0
-            rows = src_t.clamp(min=0)
-            tok = tokens[:n].long().clamp(0, self._lsm.shape[1] - 1)
-            ok &= positions[:n].long() == self._pos.index_select(0, rows) + 1
-            ok &= tokens[:n].long() < self._lsm.shape[1]
-            lp = torch.where(ok, self._lsm[rows, tok], lp)
+        ids = req_ids if isinstance(req_ids, list) else list(req_ids)
+        n = len(ids)
+        pos = positions[:n].long()
+        tok = tokens[:n].long()
+        lsm = self._lsm
+        lp: torch.Tensor | None = None
+        if lsm is not None and ids == self._ids:
+            # the common decode step: the same requests in the same rows, so row i's
+            # previous row is row i (one gather, no host-built index)
+            vocab = lsm.shape[1]
+            ok = (pos == self._next) & (tok < vocab)
+            vals = lsm.gather(1, tok.clamp(0, vocab - 1).unsqueeze(1)).squeeze(1)
+            lp = vals.masked_fill(~ok, float("nan"))
+        elif lsm is not None:
+            if self._index is None:
+                self._index = {r: i for i, r in enumerate(self._ids)}
+            prev = self._index
+            src = [prev.get(r, -1) for r in ids]
+            if any(s >= 0 for s in src):
+                vocab = lsm.shape[1]
+                src_t = torch.tensor(src, dtype=torch.long).to(logits.device, non_blocking=True)
+                rows = src_t.clamp(min=0)
+                ok = (src_t >= 0) & (pos == self._next.index_select(0, rows)) & (tok < vocab)
+                lp = lsm[rows, tok.clamp(0, vocab - 1)].masked_fill(~ok, float("nan"))
+        if lp is None:
+            lp = torch.full((n,), float("nan"), dtype=torch.float32, device=logits.device)
         self._lsm = torch.log_softmax(logits[:n].float(), dim=-1)
-        self._pos = positions[:n].long().clone()
-        self._index = {r: i for i, r in enumerate(req_ids)}
+        self._next = pos + 1  # a new tensor: the runner's buffers may be overwritten
+        if ids != self._ids:
+            self._ids = list(ids)
+            self._index = None
         return lp
 
 
@@ -377,6 +393,11 @@ class RowCapture:
         # its text ends in an odd newline run (absent: even or unknown)
         self._logprobs = SampledLogprobs()
         self._parsed: dict[str, ReqKey | None] = {}
+        self._last_ids: list[str] | None = None  # the last recorded step's request ids,
+        self._last_keep: list[int] = []  # the rows of its Gambit requests,
+        self._last_kept_ids: list[str] = []  # and their ids
+        self._meta_of: list[str] | None = None  # the id list _meta was computed for
+        self._meta: tuple[list[ReqKey], np.ndarray, np.ndarray, np.ndarray] | None = None
         self._closed: dict[str, bool] = {}  # external id -> reasoning closed
         self._pending: list[_Step] = []
         self._outbox: list[bytes] = []
@@ -422,18 +443,26 @@ class RowCapture:
         n = len(req_ids)
         if n == 0:
             return
-        keep = [i for i, r in enumerate(req_ids) if self._parse(r) is not None]
+        # Most decode steps see the same requests in the same rows as the step before: then
+        # the Gambit rows and their id list are the last step's (the same list object, which
+        # _filter recognises to reuse its parsed keys). Nobody mutates these lists.
+        ids_now = req_ids if isinstance(req_ids, list) else list(req_ids)
+        if ids_now == self._last_ids:
+            keep, ids = self._last_keep, self._last_kept_ids
+        else:
+            keep = [i for i, r in enumerate(ids_now) if self._parse(r) is not None]
+            ids = [ids_now[i] for i in keep]
+            self._last_ids, self._last_keep, self._last_kept_ids = list(ids_now), keep, ids
         if not keep:
             return
         self.steps_recorded += 1
         self.rows_seen += len(keep)
         fresh = len(keep) < n  # index_select makes new tensors: no clone needed on the CPU
         if not fresh:
-            ids, r, p, t = list(req_ids), rows[:n], positions[:n], tokens[:n]
+            r, p, t = rows[:n], positions[:n], tokens[:n]
             lg = logits[:n] if logits is not None else None
         else:
             idx = torch.tensor(keep, dtype=torch.long).to(rows.device, non_blocking=True)
-            ids = [req_ids[i] for i in keep]
             r, p, t = (x.index_select(0, idx) for x in (rows, positions, tokens))
             lg = logits.index_select(0, idx) if logits is not None else None
         lp = None
@@ -488,9 +517,15 @@ class RowCapture:
             st.event.synchronize()  # at once unless _compact was told to block
         pos = st.pos.to(torch.int64).numpy()
         tok = st.tok.to(torch.int64).numpy()
-        keys = [self._parse(r) for r in st.req_ids]
+        if st.req_ids is not self._meta_of:  # else the same rows as the last filtered step
+            keys = [self._parse(r) for r in st.req_ids]
+            n = len(keys)
+            self._meta = (keys, np.fromiter((k.prompt_len for k in keys), dtype=np.int64, count=n),
+                          np.fromiter((k.trace for k in keys), dtype=np.int64, count=n),
+                          np.fromiter((k.incarnation for k in keys), dtype=np.int64, count=n))
+            self._meta_of = st.req_ids
+        keys, plen, trace, inc = self._meta  # type: ignore[misc]
         n = len(keys)
-        plen = np.fromiter((k.prompt_len for k in keys), dtype=np.int64, count=n)
         j = pos - plen  # output index of the row's input token
         mask = np.zeros(n, dtype=bool)
         if spec.boundary_ids:
@@ -503,7 +538,9 @@ class RowCapture:
         mask &= j >= 0
         if think:
             closed = self._closed
-            for i, k in enumerate(keys):
+            visit = mask | np.isin(tok, list(think))  # other rows neither keep nor switch
+            for i in np.flatnonzero(visit).tolist():
+                k = keys[i]
                 if mask[i] and closed.get(k.ext, k.closed):
                     mask[i] = False
                 t = int(tok[i])
@@ -520,8 +557,8 @@ class RowCapture:
         self._seq += 1
         self._outbox.append(pickle.dumps({
             "seq": self._seq,
-            "trace": np.fromiter((k.trace for k in keys), dtype=np.int64, count=n),
-            "inc": np.fromiter((k.incarnation for k in keys), dtype=np.int64, count=n),
+            "trace": trace,
+            "inc": inc,
             "pos": pos,
             "keep": sel.astype(np.int64),
             "ids": [keys[i].ext for i in sel.tolist()],

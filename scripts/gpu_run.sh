@@ -111,14 +111,14 @@ EOF
   bench-harvest)
     gpu_env
     $PY benchmarks/harvest_throughput.py --questions 64 --n 16 --repeats "${2:-2}" \
-      > "$OUT/harvest_throughput.json" 2> "$OUT/harvest_throughput.log"
-    cat "$OUT/harvest_throughput.json" | tail -30 ;;
+      --json "$OUT/harvest_throughput.json" > "$OUT/harvest_throughput.log" 2>&1
+    tail -30 "$OUT/harvest_throughput.json" ;;
   bench-harvest-smol)
     gpu_env
     [ -f /tmp/smol/config.json ] || { echo "no /tmp/smol: run tests-smol first" >&2; exit 3; }
     $PY benchmarks/harvest_throughput.py --model /tmp/smol --kv-gib 4 --questions 64 --n 16 \
-      --repeats "${2:-1}" > "$OUT/harvest_throughput_smol.json" 2> "$OUT/harvest_throughput_smol.log"
-    cat "$OUT/harvest_throughput_smol.json" | tail -30 ;;
+      --repeats "${2:-1}" --json "$OUT/harvest_throughput_smol.json" > "$OUT/harvest_throughput_smol.log" 2>&1
+    tail -30 "$OUT/harvest_throughput_smol.json" ;;
   tests-smol)
     gpu_env
     if [ ! -f /tmp/smol/config.json ]; then

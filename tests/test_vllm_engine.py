@@ -995,3 +995,25 @@ def test_sampled_logprobs_need_the_capture():
     with pytest.raises(EngineError, match="capture_hidden"):
         VLLMEngine(VLLMEngineConfig(model=str(TOY_POLICY), capture_hidden=False,
                                     sampled_logprobs=True))
+
+
+def test_sampled_logprobs_fast_path_for_the_same_rows_equals_the_general_one():
+    """Unit: a step with the same requests in the same rows (the gather fast path) gives the
+    values the general row-matching path gives, NaN at a recomputed position included."""
+    g = torch.Generator().manual_seed(1)
+    logits = [torch.randn(3, 11, generator=g) for _ in range(3)]
+    steps = [(torch.tensor([4, 8, 2]), torch.tensor([1, 2, 3])),
+             (torch.tensor([5, 9, 2]), torch.tensor([7, 10, 0])),  # row 2 recomputed
+             (torch.tensor([6, 10, 3]), torch.tensor([3, 5, 6]))]
+    fast = vi.SampledLogprobs()
+    got = [fast.step(["a", "b", "c"], p, t, lg) for (p, t), lg in zip(steps, logits, strict=True)]
+    for k in (1, 2):
+        want = torch.log_softmax(logits[k - 1], -1)[[0, 1, 2], steps[k][1]]
+        if k == 1:
+            want[2] = float("nan")
+        torch.testing.assert_close(got[k], want, equal_nan=True)
+    slow = vi.SampledLogprobs()  # a reordered batch takes the general path
+    slow.step(["a", "b", "c"], *steps[0], logits[0])
+    perm = [2, 0, 1]
+    got2 = slow.step(["c", "a", "b"], steps[1][0][perm], steps[1][1][perm], logits[1][perm])
+    torch.testing.assert_close(got2, got[1][perm], equal_nan=True)
