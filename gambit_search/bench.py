@@ -14,7 +14,8 @@ run twice under two labels: ``--methods gambit,gambit-c16=gambit --set gambit-c1
 
 Writes ``<out>/table.md`` and ``<out>/table.json`` (per method and dataset, pooled over
 seeds: accuracy with a 95% Wilson interval, unique tokens per question, wall, completions/s,
-mean KV use, mean question latency against its no-queue ideal) and ``<out>/figures/*.png``
+mean KV use, mean question latency against its no-queue ideal, completed traces per question
+and the share of questions that reached the budget N) and ``<out>/figures/*.png``
 (``gambit_search.bench_plots``). Everything that can be refused is refused before the
 engine starts: an unknown method, a method that needs a scorer run without one, a dataset
 that does not load.
@@ -215,6 +216,8 @@ def run_metrics(summary: dict, rows: list[dict]) -> dict:
     lat = [r["wall_s"] for r in rows if not r.get("error")]
     ideal = [r["tree_stats"].get("max_lineage", 0) * step_s for r in rows if not r.get("error")]
     mem = summary.get("memory_log") or []
+    n = (summary.get("config") or {}).get("n")
+    done = [r.get("tree_stats", {}).get("completions", 0) for r in rows if not r.get("error")]
     return {
         "questions": len(rows), "correct": sum(bool(r.get("correct")) for r in rows),
         "graded": sum(1 for r in rows if r.get("gold")),
@@ -223,6 +226,10 @@ def run_metrics(summary: dict, rows: list[dict]) -> dict:
         "kv_mean": sum(m[3] for m in mem) / len(mem) if mem else None,
         "latency_s": sum(lat) / len(lat) if lat else None,
         "latency_vs_ideal": (sum(lat) / sum(ideal)) if ideal and sum(ideal) > 0 else None,
+        # completed traces per question, and the questions that reached the budget N (a
+        # question also ends when none of its traces runs: Gambit under heavy KV pressure)
+        "completions": sum(done),
+        "budget_reached": sum(c >= n for c in done) if n else None,
         "accuracy_weighted": summary.get("accuracy_weighted"),
         "accuracy_plain": summary.get("accuracy_plain"), "accuracy_top1": summary.get("accuracy_top1"),
     }
@@ -250,6 +257,11 @@ def aggregate(per_run: list[dict]) -> list[dict]:
             "wall_s": mean("wall_s"), "completions_per_s": mean("completions_per_s"),
             "kv_mean": mean("kv_mean"), "latency_s": mean("latency_s"),
             "latency_vs_ideal": mean("latency_vs_ideal"),
+            "completions_per_question": (sum(r.get("completions", 0) for r in rs) / qs
+                                         if qs and all("completions" in r for r in rs) else None),
+            "budget_reached": (sum(r["budget_reached"] for r in rs) / qs
+                               if qs and all(r.get("budget_reached") is not None for r in rs)
+                               else None),
         })
     return table
 
@@ -259,8 +271,9 @@ def markdown(table: list[dict]) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
     lines = ["| dataset | method | seeds | questions | accuracy | 95% CI | unique tokens / q | "
-             "wall s | completions / s | mean KV use | latency s | latency / ideal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "wall s | completions / s | mean KV use | latency s | latency / ideal | "
+             "completions / q | reached N |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         lo, hi = r["ci95"]
         lines.append(
@@ -269,7 +282,8 @@ def markdown(table: list[dict]) -> str:
             f"{f(100 * lo, '.1f')}-{f(100 * hi, '.1f')} | {r['unique_tokens_per_question']:.0f} | "
             f"{f(r['wall_s'], '.1f')} | {f(r['completions_per_s'], '.2f')} | "
             f"{f(r['kv_mean'], '.2f')} | {f(r['latency_s'], '.2f')} | "
-            f"{f(r['latency_vs_ideal'], '.2f')} |")
+            f"{f(r['latency_vs_ideal'], '.2f')} | {f(r.get('completions_per_question'), '.1f')} | "
+            f"{f(100 * r['budget_reached'] if r.get('budget_reached') is not None else None, '.0f')}% |")
     return "\n".join(lines) + "\n"
 
 

@@ -39,6 +39,15 @@ def test_table_pools_seeds_and_draws_figures(tmp_path, fake_scorer):
         lo, hi = r["ci95"]
         assert 0 <= lo <= r["accuracy"] <= hi <= 1
         assert r["kv_mean"] is not None and 0 <= r["kv_mean"] <= 1
+        # completed traces per question and the share that reached N, from the results
+        done = [json.loads(line)["tree_stats"]["completions"] for x in runs
+                for line in Path(x["dir"], "results.jsonl").read_text().splitlines()]
+        assert r["completions_per_question"] == pytest.approx(sum(done) / len(done))
+        assert r["budget_reached"] == pytest.approx(sum(c >= 6 for c in done) / len(done))
+    assert rows[("toy:val:4", "sc")]["budget_reached"] == 1.0  # SC always completes N
+    # seed-major order: every method's seed 0 before any seed 1
+    order = [(x["seed"], x["method"]) for x in res["runs"] if x["dataset"] == "toy:val:4"]
+    assert order == [(0, "sc"), (0, "gambit"), (1, "sc"), (1, "gambit")]
     # the per-method setting reached gambit's runs only
     for run in res["runs"]:
         cfg = json.loads(Path(run["dir"], "run_config.json").read_text())
