@@ -81,6 +81,10 @@ class SolveConfig:
     """Under memory pressure evict the lowest-scored running trace to a ghost."""
     revive: bool = False
     """Revive ghosts when memory frees up."""
+    revive_idle: bool = False
+    """Gambit: when none of a question's traces runs but ghosts wait, revive the best ghost
+    instead of ending the question (false: the reference's end, which under heavy KV
+    pressure ends questions short of N)."""
     # -- baselines (issue 11: bon, step, deepconf-low/-high, slim-sc); each method's check
     # -- hook validates its own fields (gambit_search/methods/<name>.py says what they mean)
     deepconf_window: int = 32
@@ -129,7 +133,7 @@ class SolveConfig:
 
 FINGERPRINT = ("dataset", "model", "scorer", "method", "n", "capacity", "swap", "interval",
                "warmup", "floor", "child_temperature", "branch_point", "parents", "drain",
-               "ghosts", "revive",
+               "ghosts", "revive", "revive_idle",
                "temperature", "top_p", "top_k", "max_tokens", "seed", "max_questions",
                "kv_cache", "max_live", "score_every", "engine",
                "deepconf_window", "deepconf_warmup", "deepconf_top_k", "slim_interval",

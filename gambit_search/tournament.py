@@ -36,9 +36,11 @@ Semantics (../shared/REFERENCE.md, "Gambit"); where ours differs it says why:
   val split: docs/BENCHMARKS.md ("gambit-solve").
 - **Memory pressure** (``MemoryPressure(evict=n)``): the n lowest-scored running nodes
   (unscored ones first) become ghosts; a question always keeps one node running.
-  ``revive=n`` (only with ``revive=True``) puts the best ghosts back.
+  ``revive=n`` (only with ``revive=True``) puts the best ghosts back; with
+  ``revive_idle`` the best ghost is put back whenever none of the question's nodes runs.
 - **Termination**: ``budget`` completed nodes (default C; with ``drain`` the running ones
-  then finish and vote too), or no node running (all ghosts or all done), or
+  then finish and vote too), or no node running (all ghosts or all done; with
+  ``revive_idle`` only when no ghost is left), or
   ``max_unique_tokens`` (a safety stop the reference lacks: a search can
   keep pruning the traces nearest their end; default 4 x budget x max_tokens when the
   driver knows the token cap). Active nodes are then stopped and do not vote.
@@ -98,6 +100,10 @@ class TournamentConfig:
     """Evict the lowest-scored running trace to a ghost under memory pressure."""
     revive: bool = False
     """Revive the best ghosts when memory frees up again."""
+    revive_idle: bool = False
+    """When no trace of the question runs but ghosts wait, revive the best ghost instead of
+    ending the question (False: the reference's end). Under heavy KV pressure the reference
+    rule ends questions far short of the budget (docs/SEARCH.md, "Memory pressure")."""
     branch_point: str = "boundary"
     """"boundary": fork at the parent's last scored boundary; "current": at its current
     tokens (the reference)."""
@@ -195,6 +201,12 @@ class Tournament(NodeBook):
         if self.done:
             return []
         if not self.running():
+            ghosts = self.ghosts()
+            if self.config.revive_idle and ghosts and not self.draining:
+                best = max(ghosts, key=_rank_key)
+                best.state = NodeState.RUNNING
+                self.counts["revivals"] += 1
+                return [Revive(best.id)]
             return self.stop()
         if len(self.completed()) >= self.budget:
             if not self.config.drain:

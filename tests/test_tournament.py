@@ -26,6 +26,7 @@ from gambit_search.policy import (
     NodeState,
     Progress,
     Prune,
+    Revive,
     Scored,
     Spawn,
     Stop,
@@ -327,3 +328,25 @@ def test_drain_lets_running_traces_finish_and_vote():
     assert not [a for a in _tick(t, [3], 5) if isinstance(a, Fork | Prune)]  # no more rounds
     acts = t.handle(Finished(3, "stop", "6"))
     assert t.done and sorted(v[0] for v in t.votes()) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("revive_idle", [False, True])
+def test_last_running_trace_finishing_ends_the_question_unless_revive_idle(revive_idle):
+    """Reference rule: no node running -> stop, ghosts or not. With revive_idle the best
+    ghost comes back instead, and the question ends only when no ghost is left."""
+    t = _tour(budget=4, revive_idle=revive_idle)
+    t.start()
+    for n, s in enumerate([0.2, 0.9, 0.5, 0.7]):
+        t.handle(Scored(n, 1, s))
+    t.handle(MemoryPressure(evict=3))  # 0, 2, 3 become ghosts; 1 keeps running
+    assert [n.id for n in t.running()] == [1]
+    acts = t.handle(Finished(1, "stop", "5"))
+    if not revive_idle:
+        assert isinstance(acts[-1], Stop) and t.done and len(t.votes()) == 1
+        return
+    assert acts == [Revive(3)] and not t.done  # the best ghost (0.7)
+    assert [n.id for n in t.running()] == [3] and t.counts["revivals"] == 1
+    assert t.handle(Finished(3, "stop", "5")) == [Revive(2)]
+    assert t.handle(Finished(2, "stop", "5")) == [Revive(0)]
+    acts = t.handle(Finished(0, "stop", "6"))
+    assert t.done and len(t.votes()) == 4

@@ -21,6 +21,7 @@ def tournament_config(params) -> TournamentConfig:
         warmup=int(params.warmup), floor=float(params.floor),
         child_temperature=float(params.child_temperature), budget=int(params.n),
         ghosts=bool(params.ghosts), revive=bool(params.revive),
+        revive_idle=bool(getattr(params, "revive_idle", False)),
         branch_point=str(params.branch_point),
         parents=str(getattr(params, "parents", "top")),
         drain=bool(getattr(params, "drain", True)),
