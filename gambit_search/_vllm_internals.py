@@ -342,7 +342,8 @@ class SampledLogprobs:
         tok = tokens[:n].long()
         lsm = self._lsm
         lp: torch.Tensor | None = None
-        if lsm is not None and ids == self._ids:
+        same = ids == self._ids
+        if lsm is not None and same:
             # the common decode step: the same requests in the same rows, so row i's
             # previous row is row i (one gather, no host-built index)
             vocab = lsm.shape[1]
@@ -364,7 +365,7 @@ class SampledLogprobs:
             lp = torch.full((n,), float("nan"), dtype=torch.float32, device=logits.device)
         self._lsm = torch.log_softmax(logits[:n].float(), dim=-1)
         self._next = pos + 1  # a new tensor: the runner's buffers may be overwritten
-        if ids != self._ids:
+        if not same:
             self._ids = list(ids)
             self._index = None
         return lp
