@@ -10,8 +10,8 @@ then harvest, plain; ...) so drift of a shared machine hits both alike.
     .venv/bin/python benchmarks/harvest_throughput.py --questions 64 --n 16
     python benchmarks/harvest_throughput.py --model /tmp/smol --kv-gib 4   # a real model (GPU)
 
-``--kv-gib`` sizes both engines' KV cache alike (1 GiB holds ~23k tokens of SmolLM2-135M in
-fp32: too few for 256 traces of 400 tokens, so a real model wants more).
+``--kv-gib`` sizes both engines' KV cache alike (1 GiB holds ~46k tokens of SmolLM2-135M in
+bf16, vLLM's ``auto`` for it: too few for 256 traces of up to 400 tokens, so it wants more).
 """
 
 from __future__ import annotations

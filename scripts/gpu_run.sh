@@ -19,7 +19,8 @@
 # With SmolLM2-135M-Instruct too: `bundle smol` adds its GGUF (converted on the device by
 # data_pipelines.smollm2), the gguf wheel and the AIME questions: 5 pieces, staged 0..4
 # the same way, then `unpack`, `tests-smol` (tests/test_smollm2.py on the GPU; converts the
-# GGUF into /tmp/smol), `bench-smol` (adapter vs plain) and `bench-harvest-smol [reps]`.
+# GGUF into /tmp/smol once, as the two benches do), `bench-smol` (adapter vs plain) and
+# `bench-harvest-smol [reps]`.
 # Results go to $OUT (the device's returned folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +35,12 @@ gpu_env() {
   ls "$SITE/vllm" >/dev/null 2>&1 || { echo "no $SITE: run stage 0-3 and unpack first" >&2; exit 3; }
   export PYTHONPATH=$SITE:$R VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
     HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false VLLM_WORKER_MULTIPROC_METHOD=spawn
+}
+
+smol_model() {  # SmolLM2's GGUF (staged in $VC/smol) converted once into /tmp/smol
+  if [ ! -f /tmp/smol/config.json ]; then
+    GAMBIT_SMOLLM2_DIR=/tmp/smol $PY -m data_pipelines.smollm2 --gguf $VC/smol/*.gguf 2>&1 | tail -2
+  fi
 }
 
 case "${1:-}" in
@@ -115,20 +122,19 @@ EOF
     tail -30 "$OUT/harvest_throughput.json" ;;
   bench-harvest-smol)
     gpu_env
-    [ -f /tmp/smol/config.json ] || { echo "no /tmp/smol: run tests-smol first" >&2; exit 3; }
+    smol_model
     $PY benchmarks/harvest_throughput.py --model /tmp/smol --kv-gib 4 --questions 64 --n 16 \
       --repeats "${2:-1}" --json "$OUT/harvest_throughput_smol.json" > "$OUT/harvest_throughput_smol.log" 2>&1
     tail -30 "$OUT/harvest_throughput_smol.json" ;;
   tests-smol)
     gpu_env
-    if [ ! -f /tmp/smol/config.json ]; then
-      GAMBIT_SMOLLM2_DIR=/tmp/smol $PY -m data_pipelines.smollm2 --gguf $VC/smol/*.gguf 2>&1 | tail -2
-    fi
+    smol_model
     GAMBIT_SMOLLM2_DIR=/tmp/smol GAMBIT_SHARED_BENCHMARKS=$VC/smol $PY -m pytest -q \
       -p no:cacheprovider tests/test_smollm2.py 2>&1 | tee "$OUT/smol_tests.txt" | grep -v "^\s*$" | tail -15
     exit "${PIPESTATUS[0]}" ;;
   bench-smol)
     gpu_env
+    smol_model
     $PY benchmarks/engine_overhead.py --model /tmp/smol --concurrency 64 256 --reps 5 \
       --kv-bytes $((4 << 30)) --forks 64 --json "$OUT/engine_overhead_smol.json" 2>&1 |
       tee "$OUT/engine_overhead_smol.txt" | grep -v "INFO\|WARNING" | tail -12 ;;
