@@ -17,20 +17,35 @@ Order of events within one engine step, per question: :class:`Scored` (the step'
 boundaries), then :class:`Finished`, then :class:`Progress` (which may run a round), so a
 policy never forks a trace it has not yet learned is finished.
 
-Memory pressure (methods with ``uses_memory``): after a step in which vLLM preempted a
-request or the KV cache passed ``DriverConfig.evict_above``, the question with the most
-running traces is asked to evict one trace per preemption (at least one); with revival on,
-a ghost is offered back while usage is below ``revive_below`` and nothing waits.
+Memory (methods with ``uses_memory``: Gambit, STEP). The driver reads the engine's KV use
+after every step and acts before vLLM has to preempt:
+
+- **Evict the excess only.** The next steps need free blocks for the running traces to
+  grow (about 2 x running / block size) plus a margin of ``1 - evict_above`` of the cache.
+  When fewer are free, or vLLM preempted anyway, the questions with the most running
+  traces are asked to give up as many traces as cover the shortfall
+  (``MemoryPressure(evict=n)``: Gambit makes ghosts, STEP aborts).
+- **Revive in batches.** While usage is below ``revive_below`` and nothing waits, the free
+  KV is offered in one batch, sized in traces, to the questions that want it
+  (``MemoryPressure(revive=n)``: their best ghosts first, then a question admitted below
+  its capacity grows), the way vLLM resumes preempted requests when blocks free up.
+- **Admission that fits.** A question of such a method starts only as many traces as the
+  free KV holds (``policy.start(limit)``), and a second question is admitted only while
+  the free KV holds at least half its slots.
+
+Trace sizes in blocks are estimated from the prompt and the mean length of the traces
+completed so far in the run (``max_tokens / 2`` before the first).
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gambit_search.engine import Engine, EngineError, SamplingSpec, TraceStatus
@@ -87,10 +102,10 @@ class DriverConfig:
     a trace finishes or memory is read). N > 1 means fewer, larger forwards (on 2 CPU cores a
     forward of 100 boundaries cost 1.7x one of 25, not 4x); a round may then rank on scores
     up to N - 1 steps old, and a branch at current tokens may miss the last unscored steps."""
-    memory_every: int = 4
-    """Read the engine's memory every N steps (vLLM's metrics cost ~2 ms a read on the driver,
-    which a 2-core CPU box takes from the model; preemptions are counted cumulatively, so
-    none is missed)."""
+    memory_every: int = 1
+    """Read the engine's memory every N steps for a method that acts on it (each step: what
+    vLLM would preempt next step is evicted this one; preemptions are counted cumulatively,
+    so none is missed at N > 1)."""
     log_memory: bool = True
     """Record KV use and running/waiting requests (``Driver.trace_log``) for every method,
     also those that do not act on memory (the benchmark plots read it)."""
@@ -150,6 +165,9 @@ class Driver:
         self.trace_log: list[tuple[float, int, int, float]] = []
         """(s since run start, running requests, waiting, KV usage) at each memory read."""
         self._can_read_memory = True
+        self._snap: Any = None  # the last MemorySnapshot
+        self._reserved = 0  # blocks promised to traces added since that read
+        self._done_len = [0, 0]  # (sum, count) of completed lineage lengths, for size estimates
         self._unscored: list = []  # boundary events waiting for the next batched forward
         self._t_start = time.perf_counter()
 
@@ -159,10 +177,12 @@ class Driver:
         t_start = self._t_start = time.perf_counter()
         pending = deque(questions)
         active: dict[str, _Q] = {}
+        if self.method.uses_memory and self._can_read_memory:
+            self._read_memory()
         while pending or active:
             t0 = time.perf_counter()
             while pending and (not active or self._live_slots + self.method.slots(self.params)
-                               <= self.cfg.max_live):
+                               <= self.cfg.max_live) and (not active or self._kv_admits()):
                 q = pending.popleft()
                 st = self._admit(q)
                 if st is None:
@@ -175,9 +195,14 @@ class Driver:
             if not active:
                 continue
             if not self.engine.has_unfinished():
-                # nothing can move: policies whose traces are all gone end now
+                # nothing runs: ghosts come back; policies with nothing left end now
                 for key in list(active):
                     st = active[key]
+                    ghosts = st.policy.ghosts() if not st.policy.done else []
+                    if ghosts:
+                        self._apply(st, st.policy.handle(MemoryPressure(revive=len(ghosts))))
+                    if self.engine.has_unfinished():
+                        continue
                     if not st.policy.done:
                         self._apply(st, st.policy.stop())
                     yield self._finish(active.pop(key))
@@ -208,7 +233,13 @@ class Driver:
         policy = self.method.make_policy(self.params, self.ctx)
         st = _Q(q, policy, prompt, time.perf_counter(), slots=self.method.slots(self.params))
         self._live_slots += st.slots
-        self._apply(st, policy.start())
+        limit = None
+        if (self.method.uses_memory and self._snap is not None
+                and "limit" in inspect.signature(policy.start).parameters):
+            per = self._trace_blocks(len(prompt))
+            limit = max(1, (self._snap.free_blocks - self._reserved) // per)
+        acts = policy.start(limit) if limit is not None else policy.start()
+        self._apply(st, acts)
         return st
 
     def _failed(self, q: Any, why: str) -> dict:
@@ -254,7 +285,10 @@ class Driver:
             st = active.get(key)
             if st is None:
                 continue
-            events = per_q.get(key, []) + finished.get(key, [])
+            fin = finished.get(key, [])
+            if len(fin) > 1:  # the policy refills at the step's last finish
+                fin = [replace(e, last=False) for e in fin[:-1]] + fin[-1:]
+            events = per_q.get(key, []) + fin
             events.append(Progress(progress.get(key, {})))
             for e in events:
                 self._apply(st, st.policy.handle(e))
@@ -287,6 +321,8 @@ class Driver:
             return Finished(node, "error", error=d.error)
         info = self.engine.trace_info(d.trace)
         lineage = list(info.prompt_ids[len(st.prompt):]) + list(info.output_ids)
+        self._done_len[0] += len(lineage)
+        self._done_len[1] += 1
         return Finished(node, d.finish_reason, answer=self.answer_of(self.decode(lineage)))
 
     # -- actions ---------------------------------------------------------------------------------
@@ -297,6 +333,7 @@ class Driver:
             if isinstance(a, Spawn):
                 t = eng.add_trace(st.prompt, self.spec, seed=trace_seed(self.cfg.seed, qid, a.node))
                 self._bind(st, a.node, t, None)
+                self._reserved += self._trace_blocks(len(st.prompt))
             elif isinstance(a, Fork):
                 parent = st.trace_of[a.parent]
                 try:
@@ -314,6 +351,7 @@ class Driver:
                 eng.evict(st.trace_of[a.node])
             elif isinstance(a, Revive):
                 eng.revive(st.trace_of[a.node])
+                self._reserved += self._trace_blocks(len(st.prompt))
             elif isinstance(a, Stop):
                 for n in a.nodes:
                     self._kill(st, n)
@@ -346,12 +384,37 @@ class Driver:
                 self.engine.release(t)
 
     # -- memory ----------------------------------------------------------------------------------
-    def _memory(self, active: dict[str, _Q]) -> None:
-        t0 = time.perf_counter()
+    def _trace_blocks(self, prompt_len: int) -> int:
+        """KV blocks one trace of a prompt this long is expected to hold when it ends."""
+        total, count = self._done_len
+        out = total / count if count else self.spec.max_tokens / 2
+        return max(1, math.ceil((prompt_len + out) / self.engine.block_size))
+
+    def _read_memory(self) -> Any:
         try:
             snap = self.engine.memory()
         except EngineError:  # an engine without stats (log_stats=False): nothing to read
             self._can_read_memory = False
+            return None
+        self._snap, self._reserved = snap, 0
+        return snap
+
+    def _kv_admits(self) -> bool:
+        """Whether the free KV holds half the slots of one more question (memory methods)."""
+        if not self.method.uses_memory or self._snap is None:
+            return True
+        per = self._trace_blocks(max(1, self._mean_prompt()))
+        want = max(1, self.method.slots(self.params) // 2)
+        return (self._snap.free_blocks - self._reserved) // per >= want
+
+    def _mean_prompt(self) -> int:
+        owners = {id(st): len(st.prompt) for st, _ in self._owner.values()}
+        return int(sum(owners.values()) / len(owners)) if owners else 0
+
+    def _memory(self, active: dict[str, _Q]) -> None:
+        t0 = time.perf_counter()
+        snap = self._read_memory()
+        if snap is None:
             return
         self.trace_log.append((round(t0 - self._t_start, 4), snap.num_running,
                                snap.num_waiting, round(snap.kv_usage, 4)))
@@ -360,16 +423,35 @@ class Driver:
             return
         preempted = snap.num_preemptions - self._last_preempt
         self._last_preempt = snap.num_preemptions
-        evict = max(preempted, 1 if snap.kv_usage >= self.cfg.evict_above else 0)
         live = [st for st in active.values() if not st.policy.done]
+        total, bs = snap.total_blocks, max(1, snap.block_size)
+        reserve = math.ceil((1 - self.cfg.evict_above) * total) + math.ceil(
+            2 * snap.num_running / bs)
+        short = reserve - snap.free_blocks
+        per_running = max(1, (total - snap.free_blocks) // max(1, snap.num_running))
+        evict = max(preempted, math.ceil(short / per_running) if short > 0 else 0)
         if evict and live:
-            st = max(live, key=lambda s: len(s.policy.running()))
-            self._apply(st, st.policy.handle(MemoryPressure(evict=evict)))
+            # the questions with the most running traces give them up first
+            for st in sorted(live, key=lambda s: len(s.policy.running()), reverse=True):
+                if evict <= 0:
+                    break
+                n = min(evict, len(st.policy.running()) - 1)
+                if n <= 0:
+                    continue
+                acts = st.policy.handle(MemoryPressure(evict=n))
+                self._apply(st, acts)
+                evict -= sum(isinstance(a, Evict | Prune) for a in acts)
         elif snap.kv_usage < self.cfg.revive_below and snap.num_waiting == 0:
-            ghosts = [st for st in live if st.policy.ghosts()]
-            if ghosts:
-                st = max(ghosts, key=lambda s: len(s.policy.ghosts()))
-                self._apply(st, st.policy.handle(MemoryPressure(revive=1)))
+            spare = int((self.cfg.revive_below - snap.kv_usage) * total) - self._reserved
+            wanting = [(st, st.policy.wants()) for st in live if hasattr(st.policy, "wants")]
+            wanting = [(st, w) for st, w in wanting if w > 0]
+            for st, w in sorted(wanting, key=lambda x: x[1], reverse=True):
+                k = min(w, spare // self._trace_blocks(len(st.prompt)))
+                if k <= 0:
+                    break
+                acts = st.policy.handle(MemoryPressure(revive=k))
+                self._apply(st, acts)
+                spare -= k * self._trace_blocks(len(st.prompt))
         self.timing["memory_s"] += time.perf_counter() - t0
 
     # -- results ---------------------------------------------------------------------------------

@@ -48,6 +48,9 @@ class Finished:
     reason: str
     answer: str | None = None
     error: str | None = None
+    last: bool = True
+    """False while more of the question's traces finish in the same engine step: a policy
+    refills at the last one, so it never forks from a trace that has finished unannounced."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +304,7 @@ class NodeBook:
         inh = sorted(n.inherited for n in self.nodes.values() if n.parent is not None)
         return {
             "nodes": len(self.nodes), **self.counts,
+            "started": self.counts["spawns"] + self.counts["branches"],
             "max_depth": max((n.depth for n in self.nodes.values()), default=0),
             "unique_tokens": self.unique_tokens, "decode_steps": self.steps,
             "inherited_prefix": {

@@ -55,15 +55,16 @@ class SolveConfig:
     methods that need none."""
     method: str = "gambit"
     """Search method: gambit, sc, bon, step, deepconf-low, deepconf-high or slim-sc."""
-    n: int = 32
-    """Budget: completed traces per question (SC: traces per question)."""
-    capacity: int | None = None
-    """Gambit's C, logically active traces per question (default: n) [paper 256]."""
-    swap: int = 1
+    n: int = 64
+    """Budget: completed traces per question that vote, for every method (prune-only methods
+    start n and vote on those that complete)."""
+    capacity: int | None = 32
+    """Gambit's C, logically active traces per question, at most n (None: n) [paper 256]."""
+    swap: int = 2
     """Gambit's K, traces swapped per round [paper 16]."""
-    interval: int = 16
+    interval: int = 32
     """Gambit's D, decode steps of a question between rounds [paper 200]."""
-    warmup: int = 32
+    warmup: int = 16
     """Gambit's w, output tokens before a trace is ranked or may branch [paper 12000]."""
     floor: float = 0.1
     """Gambit's hard floor: ranked traces scoring below it are pruned (0: off) [paper 0.1]."""
@@ -75,16 +76,13 @@ class SolveConfig:
     parents: str = "top"
     """Which eligible traces Gambit forks from: "top" (best scored) or "random" (ablation)."""
     drain: bool = True
-    """Gambit: at the budget let the running traces finish and vote instead of stopping them
-    (false: the reference's stop) [paper: false]."""
+    """Gambit: keep completed + active traces within n, so every trace kept finishes and votes
+    (false: the reference, which refills until n complete, then stops the active ones)."""
     ghosts: bool = True
-    """Under memory pressure evict the lowest-scored running trace to a ghost."""
-    revive: bool = False
-    """Revive ghosts when memory frees up."""
-    revive_idle: bool = False
-    """Gambit: when none of a question's traces runs but ghosts wait, revive the best ghost
-    instead of ending the question (false: the reference's end, which under heavy KV
-    pressure ends questions short of N)."""
+    """Under memory pressure evict the lowest-scored running traces to ghosts."""
+    revive: bool = True
+    """Revive ghosts in batches sized to the free KV (they also come back whenever none of
+    their question's traces runs)."""
     # -- baselines (issue 11: bon, step, deepconf-low/-high, slim-sc); each method's check
     # -- hook validates its own fields (gambit_search/methods/<name>.py says what they mean)
     deepconf_window: int = 32
@@ -133,7 +131,7 @@ class SolveConfig:
 
 FINGERPRINT = ("dataset", "model", "scorer", "method", "n", "capacity", "swap", "interval",
                "warmup", "floor", "child_temperature", "branch_point", "parents", "drain",
-               "ghosts", "revive", "revive_idle",
+               "ghosts", "revive",
                "temperature", "top_p", "top_k", "max_tokens", "seed", "max_questions",
                "kv_cache", "max_live", "score_every", "engine",
                "deepconf_window", "deepconf_warmup", "deepconf_top_k", "slim_interval",

@@ -4,46 +4,57 @@ Events in (a trace scored at a boundary, a trace finished, new tokens, memory pr
 actions out (spawn, fork parent, prune, evict to ghost, revive, stop): see
 :mod:`gambit_search.policy`. No engine call inside.
 
-    t = Tournament(TournamentConfig(capacity=32, swap=1, interval=16, warmup=32))
-    actions = t.start()                       # capacity x Spawn
+    t = Tournament(TournamentConfig(capacity=32, budget=64, swap=2, interval=32, warmup=16))
+    actions = t.start()                       # capacity x Spawn (or fewer: start(limit))
     actions = t.handle(Scored(node=3, output_index=17, score=0.81))
     actions = t.handle(Progress({3: NodeDelta((5, 6))}))   # may run a round
 
-Semantics (../shared/REFERENCE.md, "Gambit"); where ours differs it says why:
+Semantics (docs/SEARCH.md and docs/REFERENCE.md, "Gambit"); where ours differs it says why:
 
+- **The budget** N (``budget``) is the number of completed traces that vote. A question
+  ends when N traces have completed, and with ``drain`` (the default) it never has more
+  than N traces *in play*: completed + active (running + ghosts) <= N, so every trace it
+  keeps finishes and votes and it votes on exactly N, unless it stops on the token cap or
+  on errors (``end_reason`` says which). A pruned or failed trace gives its place back.
+  Without ``drain`` (the reference) the pool is refilled until N have completed and the
+  traces still active then are stopped and do not vote: also exactly N votes, with more
+  traces started.
 - **Two views.** Tree View: every logically active node (running + ghosts). Scheduler View:
-  the running ones (they hold KV). Ghosts count toward the capacity C, are never parents,
-  keep their score and leave only when a round prunes them.
+  the running ones (they hold KV). Ghosts count toward the capacity C and are never parents.
+- **Refill on the event.** When a trace completes, fails or is pruned and the pool has room
+  (active < C and, with ``drain``, budget left), the same event returns the Fork/Spawn that
+  refills it, so the capacity never idles between rounds.
 - **Rounds** every ``interval`` decode steps of the question (steps in which any of its
   traces got a token). The reference counts engine decode steps; ours counts the question's
-  own, so a question whose traces wait in the engine's queue does not hold rounds, and many
-  questions on one engine each keep their own clock.
-- **Ranking.** Rankable: active, scored, and past warmup, i.e. ``warmup`` output tokens in
-  its lineage (a child's inherited prefix counts: it is the same trace so far). Eligible
-  parent: running, scored and with ``warmup`` tokens generated since its own creation.
-- **A round**: (1) the hard floor prunes rankable nodes scoring below ``floor``; (2) a full
-  pool (N = C) swaps k = min(K, rankable/2): the bottom k rankable are pruned and one child
-  is forked from each of the top k eligible parents (victims excluded); only as many
-  victims go as there are parents, so the swap is zero-sum; (3) a pool below C (completions,
-  failures, the floor) is refilled by forking from the eligible parents best first
-  (round-robin when there are fewer parents than slots). Where no parent is eligible yet
-  (early completions), fresh samples fill the pool instead, so the capacity never idles;
-  the reference would wait. After every round the Tree View holds exactly C nodes until
-  the budget is reached.
+  own, so a question whose traces wait in the engine's queue does not hold rounds.
+- **Ranking.** Rankable: every ghost, and every running node that is scored and past
+  warmup (``warmup`` output tokens in its lineage; a child's inherited prefix counts).
+  Unscored or pre-warmup ghosts rank below everything, so bottom-K reaches them and a
+  ghost can always leave. Eligible parent: running, scored, and ``warmup`` tokens
+  generated since its own creation.
+- **A round**: (1) the hard floor prunes ranked nodes scoring below ``floor``; (2) a full
+  pool (no room to refill) swaps k = min(K, rankable/2): the bottom k rankable are pruned
+  and one child is forked from each of the top k eligible parents (victims excluded); only
+  as many victims go as there are parents, so the swap is zero-sum; (3) room left is
+  refilled by forking from the eligible parents best first (round-robin), or with fresh
+  samples where no parent is eligible yet (the reference would wait).
 - **Branch point**: ``"boundary"`` (default) forks at the parent's last scored boundary, so
   the child's prefix is exactly the one its inherited score history describes;
-  ``"current"`` (the reference) forks at the parent's current tokens. Measured on the toy
-  val split: docs/BENCHMARKS.md ("gambit-solve").
-- **Memory pressure** (``MemoryPressure(evict=n)``): the n lowest-scored running nodes
-  (unscored ones first) become ghosts; a question always keeps one node running.
-  ``revive=n`` (only with ``revive=True``) puts the best ghosts back; with
-  ``revive_idle`` the best ghost is put back whenever none of the question's nodes runs.
-- **Termination**: ``budget`` completed nodes (default C; with ``drain`` the running ones
-  then finish and vote too), or no node running (all ghosts or all done; with
-  ``revive_idle`` only when no ghost is left), or
-  ``max_unique_tokens`` (a safety stop the reference lacks: a search can
-  keep pruning the traces nearest their end; default 4 x budget x max_tokens when the
-  driver knows the token cap). Active nodes are then stopped and do not vote.
+  ``"current"`` (the reference) forks at the parent's current tokens.
+- **Temperature**: a root samples at the base temperature T, every child at T x
+  ``child_temperature`` whatever its depth (the reference; multiplying the parent's own
+  temperature would compound to T x m^depth).
+- **Memory pressure** (``MemoryPressure(evict=n)``): n running nodes become ghosts, lowest
+  score first and only scored ones while any exist; a question always keeps one node
+  running. ``MemoryPressure(revive=n)`` offers n traces' worth of free KV: the best ghosts
+  come back first, then a question admitted below C (``start(limit)``) grows toward C.
+  Whenever none of the question's nodes runs, its best ghost is revived: a question never
+  ends with ghosts waiting.
+- **Termination**: N completed (``end_reason`` "budget"); ``max_unique_tokens`` (a safety
+  stop the reference lacks: a search can keep pruning the traces nearest their end;
+  default 4 x budget x max_tokens when the driver knows the token cap; "token_cap");
+  ``budget`` failures without a completion in between ("errors"). Active nodes are then
+  stopped and do not vote.
 """
 
 from __future__ import annotations
@@ -83,27 +94,24 @@ class TournamentConfig:
 
     capacity: int = 32
     """C: logically active traces kept per question [256]."""
-    swap: int = 1
+    swap: int = 2
     """K: traces swapped per round when the pool is full [16]."""
-    interval: int = 16
+    interval: int = 32
     """D: decode steps of the question between rounds [200]."""
-    warmup: int = 32
+    warmup: int = 16
     """w: output tokens a trace needs before it is ranked; a parent needs as many since its
     own creation [12,000]."""
     floor: float = 0.1
     """delta: a ranked trace scoring below this is pruned at the next round (0: off) [0.1]."""
     child_temperature: float = 1.0
-    """Children sample at the parent's temperature times this [1.0]."""
+    """Children sample at the base temperature times this, at every depth [1.0]."""
     budget: int | None = None
-    """Completed traces after which the question stops (None: capacity)."""
+    """N: completed traces the question votes on (None: capacity) [256]."""
     ghosts: bool = True
-    """Evict the lowest-scored running trace to a ghost under memory pressure."""
-    revive: bool = False
-    """Revive the best ghosts when memory frees up again."""
-    revive_idle: bool = False
-    """When no trace of the question runs but ghosts wait, revive the best ghost instead of
-    ending the question (False: the reference's end). Under heavy KV pressure the reference
-    rule ends questions far short of the budget (docs/SEARCH.md, "Memory pressure")."""
+    """Evict the lowest-scored running traces to ghosts under memory pressure."""
+    revive: bool = True
+    """Revive the best ghosts when the driver offers free KV (they also come back whenever
+    none of the question's traces runs)."""
     branch_point: str = "boundary"
     """"boundary": fork at the parent's last scored boundary; "current": at its current
     tokens (the reference)."""
@@ -113,10 +121,9 @@ class TournamentConfig:
     """"top": fork from the best eligible parents; "random": from eligible parents drawn at
     random (an ablation: does the scorer's choice of parent matter?)."""
     drain: bool = True
-    """At the budget, stop branching but let the running traces finish and vote (ghosts are
-    pruned), instead of stopping them (False: the reference). On the toy world the first
-    traces to finish are more often wrong (they gave up checking), so stopping at the budget
-    biased the vote: +9-12 points on the val split (docs/BENCHMARKS.md)."""
+    """Keep completed + active traces within the budget, so every trace kept finishes and
+    votes (False: the reference, which refills until N complete and then stops the active
+    ones, starting more traces for the same N votes)."""
 
     def __post_init__(self) -> None:
         if self.swap < 1:
@@ -146,8 +153,15 @@ class TournamentConfig:
                 f"max_unique_tokens must be >= 1, got {self.max_unique_tokens}")
 
 
-def _rank_key(n: Node) -> tuple[float, int]:
-    """Ascending: worst first; unscored count as 0; among equals the older goes first."""
+def _rank_key(n: Node, warmup: int) -> tuple[int, float, int]:
+    """Ascending: worst first. Unranked (unscored or pre-warmup) nodes, i.e. such ghosts,
+    come below every ranked one; then by score; among equals the older goes first."""
+    ranked = n.score is not None and n.length >= warmup
+    return (int(ranked), n.score if ranked else 0.0, n.id)  # type: ignore[return-value]
+
+
+def _evict_key(n: Node) -> tuple[float, int]:
+    """Ascending: the first becomes a ghost first (lowest score; among equals the older)."""
     return (n.score if n.score is not None else 0.0, n.id)
 
 
@@ -158,17 +172,38 @@ class Tournament(NodeBook):
         super().__init__()
         self.config = config
         self.budget = config.budget if config.budget is not None else config.capacity
+        self.limit = config.capacity
+        """Active traces allowed now: C, or less while the question's KV share is smaller
+        (``start(limit)``); grows back with ``MemoryPressure(revive=n)``."""
         self._since_round = 0
-        self.draining = False
-        """Budget reached with ``drain``: no more rounds, the running traces finish and vote."""
+        self.end_reason: str | None = None
+        """Why the question ended: "budget", "token_cap", "errors" or "stopped"."""
         self.rounds = 0
         self.round_log: list[dict] = []
         """Per round: active count, parents used (for parent-diversity ablations)."""
 
     # -- life ----------------------------------------------------------------------------------
-    def start(self) -> list[Action]:
-        """The first C fresh traces."""
-        return [Spawn(self._new_root().id) for _ in range(self.config.capacity)]
+    def start(self, limit: int | None = None) -> list[Action]:
+        """The first traces: C, or ``limit`` (at least 1) when the driver's KV share for the
+        question holds fewer."""
+        if limit is not None:
+            self.limit = max(1, min(self.config.capacity, int(limit)))
+        return [Spawn(self._new_root().id) for _ in range(self.room())]
+
+    @property
+    def draining(self) -> bool:
+        """With ``drain``: every remaining trace of the budget is in play (no refill)."""
+        return self.config.drain and self._in_play() >= self.budget
+
+    def _in_play(self) -> int:
+        return self.counts["completions"] + len(self.active())
+
+    def room(self) -> int:
+        """Traces the pool may add now (capacity, KV share and, with ``drain``, budget)."""
+        room = self.limit - len(self.active())
+        if self.config.drain:
+            room = min(room, self.budget - self._in_play())
+        return max(0, room)
 
     def handle(self, event: Event) -> list[Action]:
         """Apply one event; returns the actions to carry out, in order."""
@@ -181,72 +216,68 @@ class Tournament(NodeBook):
             return []
         if isinstance(event, Finished):
             self._on_finished(event)
-            return self._check_end()
+            end = self._check_end()
+            if self.done or not event.last:
+                return end
+            return self._refill() + self._keep_one_running()
         if isinstance(event, Progress):
             if self._on_progress(event):
                 self._since_round += 1
             if (self.config.max_unique_tokens is not None
                     and self.unique_tokens >= self.config.max_unique_tokens):
-                return self.stop()
+                return self._stop("token_cap")
             acts: list[Action] = []
-            if self._since_round >= self.config.interval and not self.draining:
+            if self._since_round >= self.config.interval:
                 self._since_round = 0
                 acts = self.round()
-            return acts + self._check_end()
+            return acts + self._check_end() + self._keep_one_running()
         if isinstance(event, MemoryPressure):
-            return self._on_memory(event)
+            return self._on_memory(event) + self._keep_one_running()
         raise TypeError(f"unknown event {event!r}")
+
+    def _stop(self, reason: str) -> list[Action]:
+        self.end_reason = reason
+        return self.stop()
 
     def _check_end(self) -> list[Action]:
         if self.done:
             return []
-        if not self.running():
-            ghosts = self.ghosts()
-            if self.config.revive_idle and ghosts and not self.draining:
-                best = max(ghosts, key=_rank_key)
-                best.state = NodeState.RUNNING
-                self.counts["revivals"] += 1
-                return [Revive(best.id)]
-            return self.stop()
-        if len(self.completed()) >= self.budget:
-            if not self.config.drain:
-                return self.stop()
-            if not self.draining:  # no more rounds; ghosts go, the running ones finish
-                self.draining = True
-                acts: list[Action] = []
-                for g in self.ghosts():
-                    self._end(g, NodeState.PRUNED)
-                    self.counts["prunes"] += 1
-                    acts.append(Prune(g.id))
-                return acts
+        if self.counts["completions"] >= self.budget:
+            return self._stop("budget")
+        if self.counts["failures"] >= self.budget:
+            return self._stop("errors")
+        if not self.active() and not self.room():
+            return self._stop("stopped")
         return []
 
+    def _keep_one_running(self) -> list[Action]:
+        """None of the question's traces runs but ghosts wait: the best one comes back."""
+        if self.done or self.running():
+            return []
+        ghosts = self.ghosts()
+        if not ghosts:
+            return []
+        best = max(ghosts, key=lambda n: _rank_key(n, self.config.warmup))
+        return [self._revive(best)]
+
+    def _revive(self, n: Node) -> Revive:
+        n.state = NodeState.RUNNING
+        self.counts["revivals"] += 1
+        return Revive(n.id)
+
     # -- a round -------------------------------------------------------------------------------
-    def round(self) -> list[Action]:
-        """One tournament round (normally triggered by :class:`Progress`)."""
+    def _parents(self, exclude: set[int]) -> list[Node]:
+        """Eligible parents, best first (or shuffled with ``parents="random"``)."""
         cfg = self.config
-        self.rounds += 1
-        active = self.active()
-        rankable = sorted((n for n in active if n.score is not None
-                           and n.length >= cfg.warmup), key=_rank_key)
-        victims: list[Node] = []
-        if cfg.floor > 0:
-            victims = [n for n in rankable if n.score < cfg.floor]  # type: ignore[operator]
-        rest = [n for n in rankable if n not in victims]
-        parents = sorted((n for n in active if n.state is NodeState.RUNNING
-                          and n.score is not None and n.generated >= cfg.warmup
-                          and n not in victims), key=_rank_key, reverse=True)
-        if len(active) - len(victims) >= cfg.capacity:
-            k = min(cfg.swap, len(rest) // 2)
-            bottom = rest[:k]
-            k = min(k, len([p for p in parents if p not in bottom]))
-            victims += bottom[:k]
-        vset = {n.id for n in victims}
-        parents = [p for p in parents if p.id not in vset]
+        parents = sorted((n for n in self.running() if n.score is not None
+                          and n.generated >= cfg.warmup and n.id not in exclude),
+                         key=_evict_key, reverse=True)
         if cfg.parents == "random":  # deterministic: a function of the round's state
-            key = hash((self.rounds, tuple((p.id, p.score) for p in parents)))
+            key = hash((self.rounds, len(self.nodes), tuple((p.id, p.score) for p in parents)))
             random.Random(key).shuffle(parents)
-        slots = cfg.capacity - (len(active) - len(victims))
+        return parents
+
+    def _fill(self, slots: int, parents: list[Node]) -> tuple[list[Action], list[int]]:
         acts: list[Action] = []
         used: list[int] = []
         for i in range(max(0, slots)):
@@ -256,8 +287,42 @@ class Tournament(NodeBook):
                 used.append(p.id)
             else:
                 acts.append(Spawn(self._new_root().id))
-        for v in victims:
+        return acts, used
+
+    def _refill(self) -> list[Action]:
+        """Refill the pool on the event that opened room in it."""
+        if self.done:
+            return []
+        acts, _ = self._fill(self.room(), self._parents(set()))
+        return acts
+
+    def round(self) -> list[Action]:
+        """One tournament round (normally triggered by :class:`Progress`)."""
+        cfg = self.config
+        self.rounds += 1
+        w = cfg.warmup
+        rankable = sorted((n for n in self.active() if n.state is NodeState.GHOST
+                           or (n.score is not None and n.length >= w)),
+                          key=lambda n: _rank_key(n, w))
+        victims: list[Node] = []
+        if cfg.floor > 0:
+            victims = [n for n in rankable if _rank_key(n, w)[0] and n.score < cfg.floor]  # type: ignore[operator]
+        vset = {n.id for n in victims}
+        rest = [n for n in rankable if n.id not in vset]
+        parents = self._parents(vset)
+        for v in victims:  # the floor's victims give their places back first
             self._end(v, NodeState.PRUNED)
+        if self.room() == 0:  # a full pool: a zero-sum swap of k
+            k = min(cfg.swap, len(rest) // 2)
+            bottom = rest[:k]
+            k = min(k, len([p for p in parents if p not in bottom]))
+            for v in bottom[:k]:
+                self._end(v, NodeState.PRUNED)
+                victims.append(v)
+            vset = {n.id for n in victims}
+            parents = [p for p in parents if p.id not in vset]
+        acts, used = self._fill(self.room(), parents)
+        for v in victims:
             self.counts["prunes"] += 1
             acts.append(Prune(v.id))
         self.round_log.append({"round": self.rounds, "step": self.steps,
@@ -266,11 +331,13 @@ class Tournament(NodeBook):
         return acts
 
     def stats(self) -> dict:
-        """Tree statistics plus parent diversity: distinct parents per round that forked, and
-        the share of all forks taken from each round's most used parent."""
+        """Tree statistics plus parent diversity (distinct parents per round that forked, and
+        the share of all forks taken from each round's most used parent), traces started and
+        why the question ended."""
         st = super().stats()
         forked = [r["parents"] for r in self.round_log if r["parents"]]
         st["rounds"] = self.rounds
+        st["end_reason"] = self.end_reason
         st["distinct_parents_per_round"] = (
             round(sum(len(set(p)) for p in forked) / len(forked), 3) if forked else 0.0)
         st["top_parent_share"] = (
@@ -285,21 +352,43 @@ class Tournament(NodeBook):
             at = max(0, p.scores[-1][0] + 1 - p.inherited)
             at = min(at, p.generated)
         child = self._new_child(p, at)
-        return Fork(child.id, p.id, at, cfg.child_temperature)
+        # the engine multiplies the parent's temperature: a root's is T, a child's T x m
+        mult = cfg.child_temperature if p.depth == 0 else 1.0
+        return Fork(child.id, p.id, at, mult)
 
     # -- memory --------------------------------------------------------------------------------
     def _on_memory(self, e: MemoryPressure) -> list[Action]:
         acts: list[Action] = []
-        if e.evict > 0 and self.config.ghosts and not self.draining:
-            run = sorted(self.running(), key=_rank_key)
-            for n in run[: max(0, min(e.evict, len(run) - 1))]:
+        if e.evict > 0 and self.config.ghosts:
+            run = self.running()
+            scored = [n for n in run if n.score is not None]
+            pool = sorted(scored or run, key=_evict_key)
+            for n in pool[: max(0, min(e.evict, len(run) - 1))]:
                 n.state = NodeState.GHOST
                 n.evictions += 1
                 self.counts["ghosts"] += 1
                 acts.append(Evict(n.id))
-        if e.revive > 0 and self.config.revive:
-            for n in sorted(self.ghosts(), key=_rank_key, reverse=True)[: e.revive]:
-                n.state = NodeState.RUNNING
-                self.counts["revivals"] += 1
-                acts.append(Revive(n.id))
+        if e.revive > 0:
+            left = e.revive
+            if self.config.revive:
+                w = self.config.warmup
+                for n in sorted(self.ghosts(), key=lambda n: _rank_key(n, w),
+                                reverse=True)[:left]:
+                    acts.append(self._revive(n))
+                    left -= 1
+            if left > 0 and self.limit < self.config.capacity:  # grow back toward C
+                self.limit = min(self.config.capacity, self.limit + left)
+                acts += self._refill()
         return acts
+
+    def wants(self) -> int:
+        """Traces this question would put on the engine if KV allowed: its ghosts (with
+        revival on) and what it lacks of C (a question admitted below C)."""
+        if self.done:
+            return 0
+        cfg = self.config
+        g = len(self.ghosts()) if cfg.revive else 0
+        useful = cfg.capacity
+        if cfg.drain:
+            useful = min(useful, self.budget - self.counts["completions"])
+        return g + max(0, min(cfg.capacity - self.limit, useful - len(self.active())))
