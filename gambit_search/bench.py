@@ -32,6 +32,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from gambit_search.voting import RULES
+
 PROG = "gambit-bench"
 
 
@@ -218,8 +220,12 @@ def run_metrics(summary: dict, rows: list[dict]) -> dict:
     mem = summary.get("memory_log") or []
     n = (summary.get("config") or {}).get("n")
     done = [r.get("tree_stats", {}).get("completions", 0) for r in rows if not r.get("error")]
+    started = [r.get("tree_stats", {}).get("started") for r in rows if not r.get("error")]
     return {
         "questions": len(rows), "correct": sum(bool(r.get("correct")) for r in rows),
+        **{f"correct_{rule}": sum(bool(r.get(f"correct_{rule}")) for r in rows)
+           for rule in RULES},
+        "started": sum(started) if started and None not in started else None,
         "graded": sum(1 for r in rows if r.get("gold")),
         "unique_tokens": sum(r["unique_tokens"] for r in rows),
         "wall_s": summary.get("wall_s"), "completions_per_s": summary.get("completions_per_s"),
@@ -242,9 +248,16 @@ def aggregate(per_run: list[dict]) -> list[dict]:
         groups.setdefault((r["dataset"], r["method"]), []).append(r)
     table = []
     for (d, m), rs in groups.items():
-        k, n = sum(r["correct"] for r in rs), sum(r["graded"] for r in rs)
-        lo, hi = wilson(k, n)
+        n = sum(r["graded"] for r in rs)
         qs = sum(r["questions"] for r in rs)
+        by_rule = {rule: (sum(r.get(f"correct_{rule}", 0) for r in rs) / n if n else None)
+                   for rule in RULES}
+        # the headline is the method's best vote rule (every rule is in the row too)
+        best = max(RULES, key=lambda rule: (by_rule[rule] or 0.0, rule == RULES[0]))
+        k = sum(r.get(f"correct_{best}", 0) for r in rs)
+        lo, hi = wilson(k, n)
+        toks = sum(r["unique_tokens"] for r in rs)
+        comps = sum(r.get("completions", 0) for r in rs)
 
         def mean(key: str, rs=rs) -> float | None:
             v = [r[key] for r in rs if r.get(key) is not None]
@@ -252,8 +265,13 @@ def aggregate(per_run: list[dict]) -> list[dict]:
 
         table.append({
             "dataset": d, "method": m, "seeds": len(rs), "questions": qs,
-            "accuracy": k / n if n else None, "ci95": [lo, hi],
-            "unique_tokens_per_question": sum(r["unique_tokens"] for r in rs) / max(1, qs),
+            "accuracy": k / n if n else None, "ci95": [lo, hi], "best_rule": best,
+            **{f"accuracy_{rule}": by_rule[rule] for rule in RULES},
+            "unique_tokens_per_question": toks / max(1, qs),
+            "tokens_per_completion": toks / comps if comps else None,
+            "started_per_question": (sum(r["started"] for r in rs) / qs
+                                     if qs and all(r.get("started") is not None for r in rs)
+                                     else None),
             "wall_s": mean("wall_s"), "completions_per_s": mean("completions_per_s"),
             "kv_mean": mean("kv_mean"), "latency_s": mean("latency_s"),
             "latency_vs_ideal": mean("latency_vs_ideal"),
@@ -267,23 +285,34 @@ def aggregate(per_run: list[dict]) -> list[dict]:
 
 
 def markdown(table: list[dict]) -> str:
+    """The table as Markdown: the headline is each method's best vote rule (named), then
+    every rule, the budget actually voted on (completions per question, traces started),
+    tokens, throughput and latency against the no-queue ideal."""
     def f(x, fmt):
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
-    lines = ["| dataset | method | seeds | questions | accuracy | 95% CI | unique tokens / q | "
-             "wall s | completions / s | mean KV use | latency s | latency / ideal | "
-             "completions / q | reached N |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    def pct(x):
+        return f(100 * x if x is not None else None, ".1f")
+
+    lines = ["| dataset | method | seeds | questions | accuracy (best rule) | 95% CI | weighted | "
+             "plain | top-1 | completions / q | started / q | reached N | unique tokens / q | "
+             "tokens / completion | wall s | completions / s | mean KV use | latency s | "
+             "latency / ideal |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         lo, hi = r["ci95"]
         lines.append(
             f"| {r['dataset']} | {r['method']} | {r['seeds']} | {r['questions']} | "
-            f"{f(100 * r['accuracy'] if r['accuracy'] is not None else None, '.1f')}% | "
-            f"{f(100 * lo, '.1f')}-{f(100 * hi, '.1f')} | {r['unique_tokens_per_question']:.0f} | "
+            f"{pct(r['accuracy'])}% ({r.get('best_rule', '-')}) | "
+            f"{f(100 * lo, '.1f')}-{f(100 * hi, '.1f')} | {pct(r.get('accuracy_weighted'))} | "
+            f"{pct(r.get('accuracy_plain'))} | {pct(r.get('accuracy_top1'))} | "
+            f"{f(r.get('completions_per_question'), '.1f')} | "
+            f"{f(r.get('started_per_question'), '.1f')} | "
+            f"{f(100 * r['budget_reached'] if r.get('budget_reached') is not None else None, '.0f')}% | "
+            f"{r['unique_tokens_per_question']:.0f} | {f(r.get('tokens_per_completion'), '.0f')} | "
             f"{f(r['wall_s'], '.1f')} | {f(r['completions_per_s'], '.2f')} | "
             f"{f(r['kv_mean'], '.2f')} | {f(r['latency_s'], '.2f')} | "
-            f"{f(r['latency_vs_ideal'], '.2f')} | {f(r.get('completions_per_question'), '.1f')} | "
-            f"{f(100 * r['budget_reached'] if r.get('budget_reached') is not None else None, '.0f')}% |")
+            f"{f(r['latency_vs_ideal'], '.2f')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -324,12 +324,14 @@ def summarize(rows: list[dict], cfg: dict, extra: dict | None = None) -> dict:
 
     tokens = sum(r.get("unique_tokens", 0) for r in rows)
     comps = sum(r.get("tree_stats", {}).get("completions", 0) for r in rows)
+    started = sum(r.get("tree_stats", {}).get("started", 0) for r in rows)
     return {
         "questions": n, "graded": len(graded), "failed": sum(1 for r in rows if r.get("error")),
         "accuracy": acc("correct"), "accuracy_weighted": acc("correct_weighted"),
         "accuracy_plain": acc("correct_plain"), "accuracy_top1": acc("correct_top1"),
         "unique_tokens": tokens, "unique_tokens_per_question": tokens / n if n else 0,
-        "completions": comps, "config": cfg, "versions": _versions(), "seed": cfg.get("seed"),
+        "completions": comps, "completions_per_question": comps / n if n else 0,
+        "started_per_question": started / n if n else 0, "config": cfg, "versions": _versions(), "seed": cfg.get("seed"),
         **(extra or {}),
     }
 
@@ -349,8 +351,10 @@ def rescore(run_dir: str, rule: str) -> dict:
     if not rows:
         raise _err(f"{run_dir}: no results.jsonl with results to rescore")
     right = graded = 0
-    changed = 0
+    changed = comps = started = 0
     for r in rows:
+        comps += r.get("tree_stats", {}).get("completions", 0)
+        started += r.get("tree_stats", {}).get("started", 0)
         path = out / "trees" / f"{_safe_name(r['id'])}.json"
         if not path.exists():
             raise _err(f"{path} is missing: cannot rescore {r['id']!r}")
@@ -366,7 +370,9 @@ def rescore(run_dir: str, rule: str) -> dict:
             graded += 1
             right += a is not None and is_equivalent(r["gold"], a)
     return {"run": run_dir, "rule": rule, "questions": len(rows), "graded": graded,
-            "accuracy": right / graded if graded else None, "answers_changed": changed}
+            "accuracy": right / graded if graded else None, "answers_changed": changed,
+            "completions_per_question": comps / len(rows),
+            "started_per_question": started / len(rows)}
 
 
 # ----------------------------------------------------------------------------- run
@@ -579,12 +585,14 @@ def _print_summary(runs: list[dict]) -> None:
 
     cfg = runs[0]["config"]
     t = Table(title=f"{PROG} on {cfg['dataset']} (n={cfg['n']})")
-    for col in ("method", "qs", "acc", "weighted", "plain", "top-1", "tok/q", "wall s", "done/s"):
+    for col in ("method", "qs", "acc", "weighted", "plain", "top-1", "done/q", "started/q",
+                "tok/q", "wall s", "done/s"):
         t.add_column(col, justify="right" if col != "method" else "left")
     for s in runs:
         cps = s.get("completions_per_s")
         t.add_row(s["config"]["method"], str(s["questions"]), pct(s["accuracy"]),
                   pct(s["accuracy_weighted"]), pct(s["accuracy_plain"]), pct(s["accuracy_top1"]),
+                  f"{s['completions_per_question']:.1f}", f"{s['started_per_question']:.1f}",
                   f"{s['unique_tokens_per_question']:.0f}", f"{s['wall_s']:.1f}",
                   "-" if cps is None else f"{cps:.1f}")
     Console().print(t)

@@ -25,7 +25,7 @@ def _bad(tmp_path, scorer, kw) -> BenchConfig:
     return _cfg(tmp_path, kw.pop("scorer", scorer), engine="vllm", **kw)
 
 
-SETS = {"gambit": {"swap": 2, "interval": 3, "warmup": 4}}
+SETS = {"gambit": {"swap": 3, "interval": 3, "warmup": 4}}
 
 
 def test_table_pools_seeds_and_draws_figures(tmp_path, fake_scorer):
@@ -44,6 +44,17 @@ def test_table_pools_seeds_and_draws_figures(tmp_path, fake_scorer):
                 for line in Path(x["dir"], "results.jsonl").read_text().splitlines()]
         assert r["completions_per_question"] == pytest.approx(sum(done) / len(done))
         assert r["budget_reached"] == pytest.approx(sum(c >= 6 for c in done) / len(done))
+        # every vote rule from the rows; the headline is the best one, named
+        res_rows = [json.loads(line) for x in runs
+                    for line in Path(x["dir"], "results.jsonl").read_text().splitlines()]
+        for rule in ("weighted", "plain", "top1"):
+            want = sum(bool(q[f"correct_{rule}"]) for q in res_rows) / len(res_rows)
+            assert r[f"accuracy_{rule}"] == pytest.approx(want)
+        assert r["accuracy"] == r[f"accuracy_{r['best_rule']}"] == max(
+            r["accuracy_weighted"], r["accuracy_plain"], r["accuracy_top1"])
+        started = sum(q["tree_stats"]["started"] for q in res_rows)
+        assert r["started_per_question"] == pytest.approx(started / len(res_rows))
+        assert r["started_per_question"] >= r["completions_per_question"]
     assert rows[("toy:val:4", "sc")]["budget_reached"] == 1.0  # SC always completes N
     # seed-major order: every method's seed 0 before any seed 1
     order = [(x["seed"], x["method"]) for x in res["runs"] if x["dataset"] == "toy:val:4"]
@@ -52,7 +63,7 @@ def test_table_pools_seeds_and_draws_figures(tmp_path, fake_scorer):
     for run in res["runs"]:
         cfg = json.loads(Path(run["dir"], "run_config.json").read_text())
         assert cfg["method"] == run["method"]
-        assert cfg["swap"] == (2 if run["method"] == "gambit" else 1)
+        assert cfg["swap"] == (3 if run["method"] == "gambit" else 2)  # 2: the default
     out = tmp_path / "b"
     assert "| toy:val:4 | gambit | 2 | 8 |" in (out / "table.md").read_text()
     for f in res["figures"]:
@@ -82,7 +93,7 @@ def test_config_file_and_flags(tmp_path, fake_scorer):
 def test_a_method_variant_gets_its_own_row_and_settings(tmp_path, fake_scorer):
     cfg = _cfg(tmp_path, fake_scorer, methods="gambit,gambit-c4=gambit", datasets="toy:val:3",
                seeds="0")
-    sets = {"gambit": dict(SETS["gambit"]), "gambit-c4": dict(SETS["gambit"], capacity=4)}
+    sets = {"gambit": dict(SETS["gambit"]), "gambit-c4": dict(SETS["gambit"], capacity=4, swap=2)}
     res = bench(cfg, sets, progress=False, figures=False)
     assert [r["method"] for r in res["table"]] == ["gambit", "gambit-c4"]
     caps = {}
@@ -90,7 +101,7 @@ def test_a_method_variant_gets_its_own_row_and_settings(tmp_path, fake_scorer):
         run_cfg = json.loads(Path(run["dir"], "run_config.json").read_text())
         assert run_cfg["method"] == "gambit" and Path(run["dir"]).parent.name == run["method"]
         caps[run["method"]] = run_cfg["capacity"]
-    assert caps == {"gambit": None, "gambit-c4": 4}
+    assert caps == {"gambit": 32, "gambit-c4": 4}  # 32: the default
 
 
 @pytest.mark.parametrize("kw, sets, msg", [
