@@ -1,13 +1,13 @@
 """Run a gambit-bench table config where OmegaConf and matplotlib are missing (the lent H200).
 
 The YAML of ``benchmarks/toy_table*.yaml`` is read with PyYAML (a transformers dependency),
-the table is run by :func:`gambit_search.bench.bench` without figures, and the run
-directories are packed without their per-question trees, so the result fits what a device
-command sends back. Figures are drawn afterwards on any machine from the unpacked output.
+the table is run by :func:`gambit_search.bench.bench` without figures
+(``scripts/gpu_run.sh bench-tables`` sends back the run directories without their
+per-question trees). Figures are drawn afterwards on any machine from that output.
 
     python benchmarks/run_table.py --config benchmarks/toy_table.yaml --out $OUT/toy \\
         --kv-cache 0.04 --set gambit.capacity=16    # flags win over the file
-    python benchmarks/run_table.py --figures docs/results/toy_table
+    python benchmarks/run_table.py --figures runs/gpu-tables/toy
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tarfile
 from dataclasses import fields
 from pathlib import Path
 
@@ -34,8 +33,8 @@ def load_yaml(path: str) -> tuple[dict, dict]:
     return data, {m: dict(p) for m, p in sets.items()}
 
 
-def run(config: str, out: str, overrides: dict, sets: list[str], pack: bool) -> dict:
-    """Run the table; returns bench()'s result. ``pack``: write ``runs.tar`` without trees."""
+def run(config: str, out: str, overrides: dict, sets: list[str]) -> dict:
+    """Run (or resume) the table; returns bench()'s result."""
     from gambit_search.bench import BenchConfig, bench, markdown, parse_sets
 
     data, file_sets = load_yaml(config)
@@ -48,22 +47,14 @@ def run(config: str, out: str, overrides: dict, sets: list[str], pack: bool) -> 
         file_sets.setdefault(m, {}).update(p)
     res = bench(BenchConfig(**(data | {"out": out})), file_sets, progress=False, figures=False)
     print(markdown(res["table"]))
-    if pack:
-        with tarfile.open(Path(out) / "runs.tar", "w") as tar:
-            for f in sorted((Path(out) / "runs").rglob("*")):
-                if f.is_file() and "trees" not in f.parts:
-                    tar.add(f, arcname=str(f.relative_to(out)))
     return res
 
 
 def figures(out: str) -> list[str]:
-    """Unpack ``runs.tar`` (if there) and draw the table's figures."""
+    """Draw the figures of a table run elsewhere (its run directories under ``out/runs``)."""
     from gambit_search.bench_plots import draw_all
 
     o = Path(out)
-    if (o / "runs.tar").exists() and not (o / "runs").exists():
-        with tarfile.open(o / "runs.tar") as tar:
-            tar.extractall(o, filter="data")
     per_run = json.loads((o / "table.json").read_text())["runs"]
     for r in per_run:  # the table was written on another machine
         r["dir"] = str(o / Path(r["dir"]).relative_to(Path(r["dir"]).parents[3]))
@@ -87,7 +78,7 @@ def main() -> None:
     if not a.config or not a.out:
         p.error("--config and --out are needed (or --figures OUT)")
     run(a.config, a.out, {"kv_cache": a.kv_cache, "datasets": a.datasets, "seeds": a.seeds,
-                          "methods": a.methods}, a.set, pack=True)
+                          "methods": a.methods}, a.set)
 
 
 if __name__ == "__main__":

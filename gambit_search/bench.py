@@ -252,8 +252,10 @@ def aggregate(per_run: list[dict]) -> list[dict]:
         qs = sum(r["questions"] for r in rs)
         by_rule = {rule: (sum(r.get(f"correct_{rule}", 0) for r in rs) / n if n else None)
                    for rule in RULES}
-        # the headline is the method's best vote rule (every rule is in the row too)
-        best = max(RULES, key=lambda rule: (by_rule[rule] or 0.0, rule == RULES[0]))
+        # the headline is the method's best vote rule (every rule is in the row too); on a
+        # tie the simplest rule names it (plain, then weighted, then top-1)
+        pref = ("plain", "weighted", "top1")
+        best = max(RULES, key=lambda rule: (by_rule[rule] or 0.0, -pref.index(rule)))
         k = sum(r.get(f"correct_{best}", 0) for r in rs)
         lo, hi = wilson(k, n)
         toks = sum(r["unique_tokens"] for r in rs)

@@ -16,8 +16,8 @@
 #   bash scripts/gpu_run.sh bench-engine      # adapter vs plain LLM.generate
 #   bash scripts/gpu_run.sh bench-harvest     # harvest vs plain generate
 #   bash scripts/gpu_run.sh bench-solve       # gambit-solve's loop vs SC
-#   bash scripts/gpu_run.sh bench-table benchmarks/toy_table.yaml toy --kv-cache 0.04
-#                                             # a toy table (fp32 there: 2x the CPU's GiB)
+#   bash scripts/gpu_run.sh bench-tables 540 toy=benchmarks/toy_table.yaml:0.04 ...
+#                                             # toy tables in parallel (fp32 there: 2x the CPU's GiB)
 # With SmolLM2-135M-Instruct too: `bundle smol` adds its GGUF (converted on the device by
 # data_pipelines.smollm2), the gguf wheel and the AIME questions: 5 pieces, staged 0..4
 # the same way, then `unpack`, `tests-smol` (tests/test_smollm2.py on the GPU; converts the
@@ -144,13 +144,27 @@ EOF
     gpu_env
     $PY benchmarks/solve_bench.py --dataset toy:val:64 --n 32 --repeats "${2:-2}" \
       --out "$OUT/solve_bench.json" 2>&1 | tee "$OUT/solve_bench.txt" | grep -v "INFO\|WARNING" | tail -30 ;;
-  bench-table)  # bench-table CONFIG NAME [run_table flags]: a toy table without figures
+  bench-tables)  # bench-tables SECONDS NAME=CONFIG:KV_GIB ...: toy tables in parallel, one
+    # engine each, cut at SECONDS and resumable in /tmp/tables while the machine stays warm;
+    # their light outputs (no trees) come back in $OUT/tables.tar
     gpu_env
-    CONF=$2; NAME=$3; shift 3
-    $PY benchmarks/run_table.py --config "$CONF" --out "$OUT/$NAME" "$@" > "$OUT/$NAME.log" 2>&1 \
-      || { tail -30 "$OUT/$NAME.log"; exit 1; }
-    rm -rf "$OUT/$NAME/runs"
-    grep "^|" "$OUT/$NAME.log" ;;
+    LIM=$2; shift 2
+    mkdir -p /tmp/tables
+    pids=()
+    for spec in "$@"; do
+      NAME=${spec%%=*}; REST=${spec#*=}; CONF=${REST%%:*}; KV=${REST#*:}
+      timeout "$LIM" $PY benchmarks/run_table.py --config "$CONF" --out "/tmp/tables/$NAME" \
+        --kv-cache "$KV" >> "/tmp/tables/$NAME.log" 2>&1 &
+      pids+=($!)
+    done
+    wait "${pids[@]}" || true
+    (cd /tmp/tables && find . \( -name results.jsonl -o -name results.json -o -name run_config.json \
+      -o -name 'table.*' -o -name '*.log' \) -print | tar -cf "$OUT/tables.tar" -T -)
+    for spec in "$@"; do
+      NAME=${spec%%=*}; echo "== $NAME"
+      grep "^|" "/tmp/tables/$NAME.log" | tail -6 || grep -v "INFO\|WARNING" "/tmp/tables/$NAME.log" | tail -4
+      find "/tmp/tables/$NAME" -name results.jsonl | xargs -r wc -l
+    done ;;
   *)
     sed -n 2,20p "$0"; exit 2 ;;
 esac
