@@ -20,8 +20,9 @@ policy never forks a trace it has not yet learned is finished.
 Memory (methods with ``uses_memory``: Gambit, STEP). The driver reads the engine's KV use
 after every step and acts before vLLM has to preempt:
 
-- **Evict the excess only.** The next steps need free blocks for the running traces to
-  grow (about 2 x running / block size) plus a margin of ``1 - evict_above`` of the cache.
+- **Evict the excess only.** The next steps need a free block for every running trace
+  that is about to cross a block boundary (traces started together cross in the same
+  step), plus a margin of ``1 - evict_above`` of the cache.
   When fewer are free, or vLLM preempted anyway, the questions with the most running
   traces are asked to give up as many traces as cover the shortfall
   (``MemoryPressure(evict=n)``: Gambit makes ghosts, STEP aborts).
@@ -168,6 +169,8 @@ class Driver:
         self._snap: Any = None  # the last MemorySnapshot
         self._reserved = 0  # blocks promised to traces added since that read
         self._done_len = [0, 0]  # (sum, count) of completed lineage lengths, for size estimates
+        self._seq_len: dict[int, int] = {}  # live trace on the engine -> its sequence length
+        self._evicted: set[int] = set()  # ghosts' traces (no KV)
         self._unscored: list = []  # boundary events waiting for the next batched forward
         self._t_start = time.perf_counter()
 
@@ -279,6 +282,8 @@ class Driver:
             if d.token_ids:
                 progress.setdefault(key, {})[node] = NodeDelta(tuple(d.token_ids), d.logprobs)
                 self.tokens += len(d.token_ids)
+                if d.trace in self._seq_len:
+                    self._seq_len[d.trace] += len(d.token_ids)
             if d.finish_reason is not None:
                 finished.setdefault(key, []).append(self._finished_event(st, node, d))
         for key in set(per_q) | set(finished) | set(progress):
@@ -333,6 +338,7 @@ class Driver:
             if isinstance(a, Spawn):
                 t = eng.add_trace(st.prompt, self.spec, seed=trace_seed(self.cfg.seed, qid, a.node))
                 self._bind(st, a.node, t, None)
+                self._seq_len[t] = len(st.prompt)
                 self._reserved += self._trace_blocks(len(st.prompt))
             elif isinstance(a, Fork):
                 parent = st.trace_of[a.parent]
@@ -344,13 +350,15 @@ class Driver:
                     self._apply(st, st.policy.handle(Finished(a.node, "error", error=str(e))))
                     continue
                 self._bind(st, a.node, t, parent)
-                st.fork_prompt[a.node] = len(eng.trace_info(t).prompt_ids)
+                st.fork_prompt[a.node] = self._seq_len[t] = len(eng.trace_info(t).prompt_ids)
             elif isinstance(a, Prune):
                 self._kill(st, a.node)
             elif isinstance(a, Evict):
                 eng.evict(st.trace_of[a.node])
+                self._evicted.add(st.trace_of[a.node])
             elif isinstance(a, Revive):
                 eng.revive(st.trace_of[a.node])
+                self._evicted.discard(st.trace_of[a.node])
                 self._reserved += self._trace_blocks(len(st.prompt))
             elif isinstance(a, Stop):
                 for n in a.nodes:
@@ -376,6 +384,8 @@ class Driver:
         if t is None or t not in self._owner:
             return
         del self._owner[t]
+        self._seq_len.pop(t, None)
+        self._evicted.discard(t)
         if self.scorer is not None:
             self.scorer.drop(t)
         if self.cfg.release:
@@ -389,6 +399,13 @@ class Driver:
         total, count = self._done_len
         out = total / count if count else self.spec.max_tokens / 2
         return max(1, math.ceil((prompt_len + out) / self.engine.block_size))
+
+    def _blocks_needed_soon(self, bs: int) -> int:
+        """New KV blocks the running traces need in the next three steps: one for each whose
+        sequence is within three tokens past a block's end. Traces that started together
+        cross block boundaries in the same step, so an average would underestimate it."""
+        return sum(1 for t, n in self._seq_len.items()
+                   if t not in self._evicted and n % bs < 3)
 
     def _read_memory(self) -> Any:
         try:
@@ -425,8 +442,7 @@ class Driver:
         self._last_preempt = snap.num_preemptions
         live = [st for st in active.values() if not st.policy.done]
         total, bs = snap.total_blocks, max(1, snap.block_size)
-        reserve = math.ceil((1 - self.cfg.evict_above) * total) + math.ceil(
-            2 * snap.num_running / bs)
+        reserve = math.ceil((1 - self.cfg.evict_above) * total) + self._blocks_needed_soon(bs)
         short = reserve - snap.free_blocks
         per_running = max(1, (total - snap.free_blocks) // max(1, snap.num_running))
         evict = max(preempted, math.ceil(short / per_running) if short > 0 else 0)
