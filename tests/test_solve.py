@@ -71,7 +71,25 @@ def test_sc_votes_every_trace_once(tmp_path):
     for r in s["results"]:
         assert r["tree_stats"]["completions"] == 5
         assert r["tree_stats"]["branches"] == 0
-        assert sum(v["count"] for v in r["votes"]) <= 5
+        nodes = json.loads((tmp_path / "run" / "trees" / f"{r['id']}.json").read_text())["nodes"]
+        answered = [n for n in nodes if n["state"] == "completed" and n["answer"]]
+        assert sum(v["count"] for v in r["votes"]) == len(answered)
+        by_answer: dict = {}
+        for n in answered:
+            by_answer[n["answer"]] = by_answer.get(n["answer"], 0) + 1
+        assert {v["answer"]: v["count"] for v in r["votes"]} == by_answer
+
+
+def test_gambit_below_capacity_votes_on_exactly_n_and_reports_it(tmp_path, fake_scorer):
+    s = solve(_cfg(tmp_path, fake_scorer, n=9, capacity=4, swap=2), progress=False)
+    assert s["completions_per_question"] == 9
+    assert s["started_per_question"] >= 9
+    for r in s["results"]:
+        assert r["tree_stats"]["completions"] == 9 and r["tree_stats"]["end_reason"] == "budget"
+        assert r["tree_stats"]["stopped"] == 0
+    again = rescore(str(tmp_path / "run"), "plain")
+    assert again["completions_per_question"] == 9
+    assert again["started_per_question"] == s["started_per_question"]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
