@@ -226,6 +226,7 @@ def run_metrics(summary: dict, rows: list[dict]) -> dict:
         **{f"correct_{rule}": sum(bool(r.get(f"correct_{rule}")) for r in rows)
            for rule in RULES},
         "started": sum(started) if started and None not in started else None,
+        "preemptions": summary.get("preemptions"),
         "graded": sum(1 for r in rows if r.get("gold")),
         "unique_tokens": sum(r["unique_tokens"] for r in rows),
         "wall_s": summary.get("wall_s"), "completions_per_s": summary.get("completions_per_s"),
@@ -276,6 +277,8 @@ def aggregate(per_run: list[dict]) -> list[dict]:
                                      else None),
             "wall_s": mean("wall_s"), "completions_per_s": mean("completions_per_s"),
             "kv_mean": mean("kv_mean"), "latency_s": mean("latency_s"),
+            "preemptions": (sum(r["preemptions"] for r in rs)
+                            if all(r.get("preemptions") is not None for r in rs) else None),
             "latency_vs_ideal": mean("latency_vs_ideal"),
             "completions_per_question": (sum(r.get("completions", 0) for r in rs) / qs
                                          if qs and all("completions" in r for r in rs) else None),
@@ -299,8 +302,8 @@ def markdown(table: list[dict]) -> str:
     lines = ["| dataset | method | seeds | questions | accuracy (best rule) | 95% CI | weighted | "
              "plain | top-1 | completions / q | started / q | reached N | unique tokens / q | "
              "tokens / completion | wall s | completions / s | mean KV use | latency s | "
-             "latency / ideal |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "latency / ideal | preemptions |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
         lo, hi = r["ci95"]
         lines.append(
@@ -314,7 +317,7 @@ def markdown(table: list[dict]) -> str:
             f"{r['unique_tokens_per_question']:.0f} | {f(r.get('tokens_per_completion'), '.0f')} | "
             f"{f(r['wall_s'], '.1f')} | {f(r['completions_per_s'], '.2f')} | "
             f"{f(r['kv_mean'], '.2f')} | {f(r['latency_s'], '.2f')} | "
-            f"{f(r['latency_vs_ideal'], '.2f')} |")
+            f"{f(r['latency_vs_ideal'], '.2f')} | {f(r.get('preemptions'), 'd')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -171,6 +171,9 @@ class Driver:
         self._done_len = [0, 0]  # (sum, count) of completed lineage lengths, for size estimates
         self._seq_len: dict[int, int] = {}  # live trace on the engine -> its sequence length
         self._evicted: set[int] = set()  # ghosts' traces (no KV)
+        self._preempt0: int | None = None
+        self.preemptions = 0
+        """vLLM preemptions since the run's first memory read (as of the last read)."""
         self._unscored: list = []  # boundary events waiting for the next batched forward
         self._t_start = time.perf_counter()
 
@@ -414,6 +417,9 @@ class Driver:
             self._can_read_memory = False
             return None
         self._snap, self._reserved = snap, 0
+        if self._preempt0 is None:
+            self._preempt0 = snap.num_preemptions
+        self.preemptions = snap.num_preemptions - self._preempt0
         return snap
 
     def _kv_admits(self) -> bool:

@@ -509,7 +509,7 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
              "unique_tokens_this_run": driver.tokens,
              "completions_per_s": comps / wall if rows and wall > 0 else None,
              "tokens_per_s": driver.tokens / wall if rows and wall > 0 else None,
-             "prefix_cache": cache, "timing": tm,
+             "prefix_cache": cache, "timing": tm, "preemptions": driver.preemptions,
              "memory_log": driver.trace_log[:: max(1, len(driver.trace_log) // 2000)]}
     summary = summarize(all_rows, asdict(cfg), extra)
     if out is not None:
