@@ -144,7 +144,7 @@ EOF
     gpu_env
     $PY benchmarks/solve_bench.py --dataset toy:val:64 --n 32 --repeats "${2:-2}" \
       --out "$OUT/solve_bench.json" 2>&1 | tee "$OUT/solve_bench.txt" | grep -v "INFO\|WARNING" | tail -30 ;;
-  bench-tables)  # bench-tables SECONDS NAME=CONFIG:KV_GIB ...: toy tables in parallel, one
+  bench-tables)  # bench-tables SECONDS NAME=CONFIG:KV_GIB[:SEEDS] ...: toy tables in parallel, one
     # engine each, cut at SECONDS and resumable in /tmp/tables while the machine stays warm;
     # their light outputs (no trees) come back in $OUT/tables.tar
     gpu_env
@@ -152,9 +152,9 @@ EOF
     mkdir -p /tmp/tables
     pids=()
     for spec in "$@"; do
-      NAME=${spec%%=*}; REST=${spec#*=}; CONF=${REST%%:*}; KV=${REST#*:}
+      NAME=${spec%%=*}; IFS=: read -r CONF KV SEEDS <<< "${spec#*=}"
       timeout "$LIM" $PY benchmarks/run_table.py --config "$CONF" --out "/tmp/tables/$NAME" \
-        --kv-cache "$KV" >> "/tmp/tables/$NAME.log" 2>&1 &
+        --kv-cache "$KV" ${SEEDS:+--seeds "$SEEDS"} >> "/tmp/tables/$NAME.log" 2>&1 &
       pids+=($!)
     done
     wait "${pids[@]}" || true
