@@ -169,6 +169,7 @@ class Driver:
         self._snap: Any = None  # the last MemorySnapshot
         self._reserved = 0  # blocks promised to traces added since that read
         self._done_len = [0, 0]  # (sum, count) of completed lineage lengths, for size estimates
+        self._prompt_len = [0, 0]  # (sum, count) of admitted questions' prompt lengths
         self._seq_len: dict[int, int] = {}  # live trace on the engine -> its sequence length
         self._evicted: set[int] = set()  # ghosts' traces (no KV)
         self._preempt0: int | None = None
@@ -239,6 +240,8 @@ class Driver:
         policy = self.method.make_policy(self.params, self.ctx)
         st = _Q(q, policy, prompt, time.perf_counter(), slots=self.method.slots(self.params))
         self._live_slots += st.slots
+        self._prompt_len[0] += len(prompt)
+        self._prompt_len[1] += 1
         limit = None
         if (self.method.uses_memory and self._snap is not None
                 and "limit" in inspect.signature(policy.start).parameters):
@@ -431,8 +434,8 @@ class Driver:
         return (self._snap.free_blocks - self._reserved) // per >= want
 
     def _mean_prompt(self) -> int:
-        owners = {id(st): len(st.prompt) for st, _ in self._owner.values()}
-        return int(sum(owners.values()) / len(owners)) if owners else 0
+        total, count = self._prompt_len
+        return total // count if count else 0
 
     def _memory(self, active: dict[str, _Q]) -> None:
         t0 = time.perf_counter()
