@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _prompts(tokenizer, n: int) -> list[tuple[list[int], int]]:
-    from data_pipelines.prompts import build_prompt_ids
+    from gambit_core.prompts import build_prompt_ids
     from data_pipelines.toy.task import draw_questions
 
     qs = draw_questions("test", (n + 1) // 2)

@@ -40,8 +40,8 @@ def main() -> None:
     from vllm.platforms import current_platform
 
     from data_pipelines.harvest import DEFAULT_MODEL, HarvestConfig, harvest
-    from data_pipelines.prompts import build_prompt_ids
-    from data_pipelines.questions import load_questions
+    from gambit_core.prompts import build_prompt_ids
+    from gambit_core.questions import load_questions
     from gambit_search._vllm_internals import llm_workaround_kwargs
 
     model = a.model or DEFAULT_MODEL

@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/solve_bench.py --dataset toy:val:100 --n 32 --methods sc,gambit \\
         --grid swap=1,2,4,8 interval=8,16,32 warmup=16,32,64 --out runs/kdw.json
-    .venv/bin/python benchmarks/sweep_heatmap.py runs/kdw.json --out docs/solve/kdw_heatmap.png
+    .venv/bin/python benchmarks/sweep_heatmap.py runs/kdw.json --out docs/results/toy_table_3seeds/ablations/kdw_heatmap.png
 
 One panel per warmup w; rows K (swap size), columns D (round interval); each cell is the
 weighted-vote accuracy, annotated with it and the unique tokens per question relative to

@@ -19,7 +19,7 @@ disjoint question ranges); ``--by-prefix`` adds them per question-id prefix (the
 hand-made JSONL such as ``explore-h4-<i>``). ``stderr`` holds the binomial standard error
 of each question-level accuracy.
 
-Answers are graded against each row's ``gold`` with ``gambit_search.grading.is_equivalent``.
+Answers are graded against each row's ``gold`` with ``gambit_core.grading.is_equivalent``.
 
 Run::
 
@@ -50,7 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from gambit_search.grading import is_equivalent  # noqa: E402
+from gambit_core.grading import is_equivalent  # noqa: E402
 from gambit_search.solve import read_results  # noqa: E402
 
 

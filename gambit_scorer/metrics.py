@@ -26,8 +26,12 @@ equal to ``roc_auc_score``), because sklearn's per-call input validation dominat
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gambit_scorer.kinds import ScorerKind
 
 SELECTION_AUROC_KEYS = ("trace_auroc_wq", "trace_auroc", "step_auroc")
 STEP_INDICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -87,18 +91,13 @@ def within_question_auroc(question: np.ndarray, y: np.ndarray, s: np.ndarray) ->
 
 
 def trace_scores_so_far(
-    trace: np.ndarray, step: np.ndarray, prob: np.ndarray, kind: str
+    trace: np.ndarray, step: np.ndarray, prob: np.ndarray, kind: str | ScorerKind
 ) -> np.ndarray:
-    """Per record, the trace score after that step (records must be sorted by trace, then step)."""
-    if kind == "seq":
-        return np.asarray(prob, dtype=np.float64)
-    prob = np.asarray(prob, dtype=np.float64)
-    out = np.empty_like(prob)
-    starts = np.flatnonzero(np.r_[True, trace[1:] != trace[:-1]])
-    ends = np.r_[starts[1:], len(trace)]
-    for a, b in zip(starts, ends, strict=True):
-        out[a:b] = np.cumsum(prob[a:b]) / np.arange(1, b - a + 1)
-    return out
+    """Per record, the trace score after that step (records must be sorted by trace, then step);
+    ``kind``: a scorer kind or its name (``kinds.ScorerKind.trace_scores_so_far``)."""
+    from gambit_scorer.kinds import get_kind  # torch; this module needs only numpy otherwise
+
+    return get_kind(kind).trace_scores_so_far(np.asarray(trace), prob)
 
 
 def evaluate(
@@ -107,7 +106,7 @@ def evaluate(
     step: np.ndarray,
     prob: np.ndarray,
     label: np.ndarray,
-    kind: str,
+    kind: str | ScorerKind,
     *,
     selection_auroc: str = "trace_auroc_wq",
     min_wq_questions: int = 3,
@@ -115,7 +114,8 @@ def evaluate(
     step_indices: tuple[int, ...] = STEP_INDICES,
     min_traces_per_step: int = 10,
 ) -> dict:
-    """All validation metrics from step records (trace id, question id, 1-based step index, prob, label)."""
+    """All validation metrics from step records (trace id, question id, 1-based step index, prob, label);
+    ``kind``: the scorer kind (or its name), which defines the trace score so far."""
     if selection_auroc not in SELECTION_AUROC_KEYS:
         raise ValueError(
             f"selection AUROC {selection_auroc!r}: choose one of {SELECTION_AUROC_KEYS}"

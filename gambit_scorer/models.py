@@ -290,15 +290,6 @@ class SeqScorer(nn.Module):
         return {"type": "sequence_transformer", **self.cfg}
 
 
-def build_model(kind: str, input_size: int, **kwargs) -> nn.Module:
-    """``kind`` 'mlp' -> StepMLP(input_size, hidden_sizes); 'seq' -> SeqScorer(input_size, ...)."""
-    if kind == "mlp":
-        return StepMLP(input_size, **kwargs)
-    if kind == "seq":
-        return SeqScorer(input_size, **kwargs)
-    raise ValueError(f"unknown scorer kind {kind!r}: choose 'mlp' or 'seq'")
-
-
 # ----------------------------------------------------------------------------- features
 
 # Per-step input features. "hidden" is the paper's scorer; "conf_mean"/"conf_min" are the

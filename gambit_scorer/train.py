@@ -25,8 +25,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-SCORERS = ("mlp", "seq")
-
 
 def compose(overrides: Sequence[str] = ()) -> Any:
     """The composed config (as ``gambit-train`` would see it) for ``key=value`` overrides."""
@@ -52,11 +50,10 @@ def check_config(cfg) -> None:
     """Fail early, naming the fix."""
     from omegaconf import OmegaConf
 
+    from gambit_scorer.kinds import get_kind
     from gambit_scorer.models import FEATURE_SETS, resolve_features
 
-    name = OmegaConf.select(cfg, "scorer.name")
-    if name not in SCORERS:
-        raise ValueError(f"unknown scorer {name!r}: choose scorer=mlp or scorer=seq")
+    kind = get_kind(OmegaConf.select(cfg, "scorer.name"))  # names the known kinds
     if OmegaConf.is_missing(cfg.data, "harvest"):
         raise ValueError("no harvest given: pass data.harvest=<dir written by gambit-harvest>")
     try:
@@ -67,8 +64,7 @@ def check_config(cfg) -> None:
         )
     except ValueError as e:
         raise ValueError(f"{e} (data.features={'|'.join(FEATURE_SETS)})") from None
-    if name == "seq" and cfg.scorer.loss_position not in ("last", "every"):
-        raise ValueError(f"scorer.loss_position={cfg.scorer.loss_position!r}: choose last or every")
+    kind.resolve_loss_position(OmegaConf.select(cfg, "scorer.loss_position"))
 
 
 def _run_dir(cfg) -> Path:
@@ -118,14 +114,14 @@ def train(cfg) -> dict:
 
     from gambit_scorer.checkpoint import save_checkpoint
     from gambit_scorer.data import HarvestDataModule
+    from gambit_scorer.kinds import get_kind
     from gambit_scorer.lit import ScorerModule
-    from gambit_scorer.models import build_model
 
     _register_now()
     if not isinstance(cfg, DictConfig):
         cfg = OmegaConf.create(cfg)
     check_config(cfg)
-    kind = cfg.scorer.name
+    kind = get_kind(cfg.scorer.name)
     run_dir = _run_dir(cfg)
     if cfg.get("threads"):
         torch.set_num_threads(int(cfg.threads))
@@ -150,10 +146,8 @@ def train(cfg) -> dict:
         max_len=int(cfg.scorer.model.get("max_len", 4096)),
     )
     dm.setup("fit")
-    model = build_model(
-        kind, dm.input_size, **OmegaConf.to_container(cfg.scorer.model, resolve=True)
-    )
-    loss_position = cfg.scorer.get("loss_position") if kind == "seq" else None
+    model = kind.build(dm.input_size, **OmegaConf.to_container(cfg.scorer.model, resolve=True))
+    loss_position = kind.resolve_loss_position(cfg.scorer.get("loss_position"))
     module = ScorerModule(
         model,
         kind,
@@ -193,7 +187,7 @@ def train(cfg) -> dict:
     result = {
         "run_dir": str(run_dir),
         "ckpt_path": str(run_dir / cfg.export.filename),
-        "kind": kind,
+        "kind": kind.name,
         "features": list(dm.features),
         "loss_position": loss_position,
         "best_epoch": module.best_epoch,

@@ -35,7 +35,7 @@ def _plt():
 
 
 def _frontier(per_run: list[dict], x_key: str, xlabel: str, path: Path) -> None:
-    from gambit_search.bench import aggregate
+    from gambit_search.bench_tables import aggregate
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4.5))

@@ -8,7 +8,7 @@ question's result to ``on_result`` as soon as it is done. A question that fails 
 prompt, every trace an error) is recorded and the others go on.
 
     from gambit_search.driver import Driver, DriverConfig
-    drv = Driver(engine, get_method("gambit"), params, scorer=RuntimeScorer(...),
+    drv = Driver(engine, get_method("gambit").bind(n=64), scorer=RuntimeScorer(...),
                  prompt_ids=lambda q: build_prompt_ids(q.question, tok), decode=tok.decode)
     for result in drv.run(questions):          # results in completion order
         ...
@@ -40,7 +40,6 @@ completed so far in the run (``max_tokens / 2`` before the first).
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import math
 import time
@@ -49,9 +48,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gambit_core.grading import extract_boxed, is_equivalent
+from gambit_core.runio import trace_seed
 from gambit_search.engine import Engine, EngineError, SamplingSpec, TraceStatus
-from gambit_search.grading import extract_boxed, is_equivalent
-from gambit_search.methods import Method
+from gambit_search.methods import BoundMethod, PolicyContext
 from gambit_search.policy import (
     Evict,
     Finished,
@@ -76,13 +76,6 @@ class QuestionLike:
     id: str
     question: str
     answer: str
-
-
-def trace_seed(seed: int, question_id: str, node: int) -> int:
-    """A node's sampling seed: a function of (seed, question, node) only, so a rerun samples
-    the same tree whatever else runs beside it."""
-    h = hashlib.blake2b(f"{seed}/{question_id}/{node}".encode(), digest_size=4).digest()
-    return int.from_bytes(h, "big") & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)
@@ -138,11 +131,12 @@ class _Q:
 class Driver:
     """See the module docstring."""
 
-    def __init__(self, engine: Engine, method: Method, params: Any, *,
+    def __init__(self, engine: Engine, bound: BoundMethod, *,
                  prompt_ids: Callable[[Any], list[int]], decode: Callable[[Sequence[int]], str],
                  spec: SamplingSpec, scorer: Any = None, config: DriverConfig | None = None,
                  answer_of: Callable[[str], str | None] = extract_boxed) -> None:
-        self.engine, self.method, self.params = engine, method, params
+        method = bound.method
+        self.engine, self.bound, self.method = engine, bound, method
         self.prompt_ids, self.decode, self.spec = prompt_ids, decode, spec
         self.scorer = scorer if method.scores_traces else None
         self.cfg = config or DriverConfig()
@@ -151,8 +145,6 @@ class Driver:
             raise ValueError(f"method {method.name!r} needs a scorer (--scorer ckpt.pt)")
         if method.scores_traces and scorer is not None and not engine.captures_hidden:
             raise ValueError(f"method {method.name!r} needs an engine that captures hidden states")
-        from gambit_search.methods import PolicyContext
-
         self.ctx = PolicyContext(decode=decode, block_size=engine.block_size,
                                  max_model_len=engine.max_model_len,
                                  hidden_size=engine.hidden_size, max_tokens=spec.max_tokens)
@@ -188,7 +180,7 @@ class Driver:
             self._read_memory()
         while pending or active:
             t0 = time.perf_counter()
-            while pending and (not active or self._live_slots + self.method.slots(self.params)
+            while pending and (not active or self._live_slots + self.bound.slots
                                <= self.cfg.max_live) and (not active or self._kv_admits()):
                 q = pending.popleft()
                 st = self._admit(q)
@@ -237,8 +229,8 @@ class Driver:
         prompt = list(self.prompt_ids(q))
         if not prompt:
             return None
-        policy = self.method.make_policy(self.params, self.ctx)
-        st = _Q(q, policy, prompt, time.perf_counter(), slots=self.method.slots(self.params))
+        policy = self.bound.policy(self.ctx)
+        st = _Q(q, policy, prompt, time.perf_counter(), slots=self.bound.slots)
         self._live_slots += st.slots
         self._prompt_len[0] += len(prompt)
         self._prompt_len[1] += 1
@@ -430,7 +422,7 @@ class Driver:
         if not self.method.uses_memory or self._snap is None:
             return True
         per = self._trace_blocks(max(1, self._mean_prompt()))
-        want = max(1, self.method.slots(self.params) // 2)
+        want = max(1, self.bound.slots // 2)
         return (self._snap.free_blocks - self._reserved) // per >= want
 
     def _mean_prompt(self) -> int:

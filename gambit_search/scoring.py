@@ -2,13 +2,16 @@
 
 The scorer sees exactly the features its checkpoint was trained on (``LoadedScorer.features``:
 the hidden state, or hidden + the thought's mean/min sampled-token log-prob), and reads out
-what training optimised:
+what training optimised. What a trace's state is and how a batch of them is scored is the
+scorer kind's (``gambit_scorer.kinds``, ``LoadedScorer.scorer_kind``): this module asks it
+for a fresh state (``new_state``), a branch's copy of its parent's (``fork``) and one
+batched step (``step``):
 
 * MLP (STEP): step probability sigmoid(mlp(x)); trace score = running mean of a trace's
   step probabilities.
 * SeqScorer: the last position's probability over the trace's whole step history, computed
   incrementally from a per-trace attention cache. A branch starts from its parent's cache
-  (histories are immutable, so sharing costs nothing).
+  (states are immutable, so sharing costs nothing).
 
 :meth:`RuntimeScorer.score` takes every boundary of one engine step, for all traces of all
 questions, and runs one forward per step (the Seq scorer too: caches of different lengths
@@ -42,7 +45,7 @@ def thought_confidence(logprobs: np.ndarray, start: int, end: int) -> tuple[floa
 
 
 class RuntimeScorer:
-    """Per-trace scorer histories keyed by any hashable (the driver uses engine trace ids)."""
+    """Per-trace scorer states keyed by any hashable (the driver uses engine trace ids)."""
 
     def __init__(self, scorer: Any, threads: int | None = 1) -> None:
         """``threads``: torch intra-op threads of this process (None: leave as is). One is
@@ -54,6 +57,7 @@ class RuntimeScorer:
             torch.set_num_threads(threads)
         self.scorer = scorer
         self.kind: str = scorer.kind
+        self._kind = scorer.scorer_kind
         self.needs_confidence: bool = scorer.needs_confidence
         self._hist: dict[Hashable, Any] = {}
         self._thought_start: dict[Hashable, int] = {}
@@ -62,9 +66,9 @@ class RuntimeScorer:
         several boundaries in one step)."""
 
     def add(self, key: Hashable, parent: Hashable | None = None) -> None:
-        """Start ``key``'s history: empty, or a copy of ``parent``'s (a branch)."""
-        self._hist[key] = (self.scorer.init_history() if parent is None
-                           else self.scorer.copy_history(self._hist[parent]))
+        """Start ``key``'s state: fresh, or a copy of ``parent``'s (a branch)."""
+        self._hist[key] = (self._kind.new_state() if parent is None
+                           else self._kind.fork(self._hist[parent]))
         self._thought_start[key] = 0
 
     def drop(self, key: Hashable) -> None:
@@ -112,26 +116,10 @@ class RuntimeScorer:
             cn = np.array([v[1] for v in vals], dtype=np.float32)
         for k, _, j in items:
             self._thought_start[k] = j + 1
-        s = self.scorer
         self.forwards += 1
-        if self.kind == "mlp":
-            new, scores = s.append_many([self._hist[k] for k in keys], hidden, cm, cn)
-        else:
-            from gambit_scorer.checkpoint import SeqHistory
-
-            with torch.inference_mode():
-                x = s.make_features(hidden, cm, cn)
-                hs = [self._hist[k] for k in keys]
-                logits, caches = s.model.step_batch(
-                    x, [None if h.cache is None else h.cache for h in hs],
-                    [h.n_steps for h in hs])
-                probs = torch.sigmoid(logits).float().cpu().numpy()
-            max_len = s.model.max_len
-            new, scores = [], probs
-            for h, c, p in zip(hs, caches, probs, strict=True):
-                if c[0][0].shape[2] > max_len:
-                    c = [(a[:, :, -max_len:], b[:, :, -max_len:]) for a, b in c]
-                new.append(SeqHistory(h.n_steps + 1, tuple(c), float(p)))
+        with torch.inference_mode():
+            x = self.scorer.make_features(hidden, cm, cn)
+            new, scores = self._kind.step(self.scorer.model, [self._hist[k] for k in keys], x)
         for k, h, sc, i in zip(keys, new, scores, where, strict=True):
             self._hist[k] = h
             out[i] = float(sc)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gambit_search.grading import VoteBins
+from gambit_core.grading import VoteBins
 
 __all__ = ["RULES", "vote", "vote_table"]
 

@@ -11,10 +11,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from data_pipelines.prompts import build_prompt
 from data_pipelines.toy.evaluate import HFSampler, auroc, boundary_states, within_question_auroc
 from data_pipelines.toy.task import draw_questions
-from gambit_search.grading import extract_boxed
+from gambit_core.grading import extract_boxed
+from gambit_core.prompts import build_prompt
 
 model, out = sys.argv[1], sys.argv[2]
 s = HFSampler(model)

@@ -25,8 +25,8 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from data_pipelines.prompts import build_prompt
     from data_pipelines.toy.task import char_roles, draw_question, sample_trace, split_of
+    from gambit_core.prompts import build_prompt
 
     rng = random.Random("token-loss")
     traces = []

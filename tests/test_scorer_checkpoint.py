@@ -26,7 +26,7 @@ torch.set_num_threads(1)
 
 
 # --------------------------------------------------------------------------- a reference-layout
-# sequence scorer written independently from REFERENCE.md (naive loops), to check that
+# sequence scorer written independently from docs/REFERENCE.md (naive loops), to check that
 # gambit_scorer.models computes the same function from the same state dict.
 
 

@@ -67,7 +67,7 @@ def test_seq_scorer_reference_names():
 def test_reference_default_size():
     m = SeqScorer(4096)
     n = sum(p.numel() for p in m.parameters())
-    assert 1.5e6 < n < 2.2e6  # REFERENCE.md: ~1.6M for d=4096 (exact count depends on biases/FFN)
+    assert 1.5e6 < n < 2.2e6  # docs/REFERENCE.md: ~1.6M for d=4096 (exact count depends on biases/FFN)
 
 
 def test_seq_is_causal_and_padding_free():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gambit_search.solve import SolveConfig, SolveInputError, rescore, solve
+from gambit_search.solve import SolveInputError, make_config, rescore, solve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 def _cfg(tmp_path: Path, scorer: str, **kw) -> SolveConfig:
     base = dict(engine="fake", dataset="toy:val:6", n=6, swap=2, interval=2, warmup=4,
                 scorer=scorer, out=str(tmp_path / "run"), max_tokens=60)
-    return SolveConfig(**(base | kw))
+    return make_config(**(base | kw))
 
 
 def test_dataset_run_writes_results_trees_and_summary(tmp_path, fake_scorer):
@@ -171,15 +171,14 @@ def test_a_failing_question_is_recorded_and_the_others_go_on(tmp_path, fake_scor
 
 
 def test_driver_records_an_empty_question():
-    from data_pipelines.questions import Question
+    from gambit_core.questions import Question
     from gambit_search.driver import Driver
     from gambit_search.engine import SamplingSpec
     from gambit_search.fake_engine import FakeEngine
     from gambit_search.methods import get_method
 
     eng = FakeEngine()
-    params = SolveConfig(method="sc", n=3, engine="fake")
-    drv = Driver(eng, get_method("sc"), params, prompt_ids=lambda q: [1, 5, 6], decode=eng.decode,
+    drv = Driver(eng, get_method("sc").bind(n=3), prompt_ids=lambda q: [1, 5, 6], decode=eng.decode,
                  spec=SamplingSpec(max_tokens=30))
     res = list(drv.run([Question("a", " ", "1", "t"), Question("b", "ok", "1", "t")]))
     assert [(r["id"], r["error"]) for r in res] == [("a", "empty question"), ("b", None)]

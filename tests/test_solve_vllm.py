@@ -18,11 +18,11 @@ def decode(toy_tokenizer):
 
 
 def test_dataset_solves_end_to_end_with_gambit_and_sc(engine, decode, tmp_path):
-    from gambit_search.solve import SolveConfig, solve
+    from gambit_search.solve import make_config, solve
 
     runs = {}
     for method in ("gambit", "sc"):
-        cfg = SolveConfig(dataset="toy:test:4", method=method, n=8, capacity=4, swap=2,
+        cfg = make_config(dataset="toy:test:4", method=method, n=8, capacity=4, swap=2,
                           interval=4, warmup=24, out=str(tmp_path / method))
         runs[method] = solve(cfg, engine=engine, decode=decode, progress=False)
     for method, s in runs.items():
@@ -80,8 +80,8 @@ def small_engine():
 
 
 def _small_run(eng, decode, method: str, params, n_questions: int = 2):
-    from data_pipelines.prompts import build_prompt_ids
-    from data_pipelines.questions import load_questions
+    from gambit_core.prompts import build_prompt_ids
+    from gambit_core.questions import load_questions
     from gambit_scorer.checkpoint import load_scorer
     from gambit_search.driver import Driver, DriverConfig
     from gambit_search.engine import SamplingSpec
@@ -92,7 +92,12 @@ def _small_run(eng, decode, method: str, params, n_questions: int = 2):
     tok = eng.tokenizer
     scorer = RuntimeScorer(load_scorer(REPO / "checkpoints/toy-scorer-seq/ckpt.pt",
                                        expected_hidden_size=eng.hidden_size))
-    drv = Driver(eng, get_method(method), params,
+    from dataclasses import asdict
+
+    from gambit_search.solve import params_from_flat
+
+    m = get_method(method)
+    drv = Driver(eng, m.bind(params_from_flat(m, asdict(params)), params.n),
                  prompt_ids=lambda q: build_prompt_ids(q.question, tok), decode=decode,
                  spec=SamplingSpec(temperature=1.0, top_p=1.0, top_k=0, max_tokens=380),
                  scorer=scorer, config=DriverConfig(max_live=64))

@@ -17,6 +17,7 @@ from gambit_search.driver import Driver, DriverConfig
 from gambit_search.engine import SamplingSpec
 from gambit_search.fake_engine import FIRST_TEXT, FakeEngine, FakeEngineConfig
 from gambit_search.methods import Method
+from gambit_search.methods.gambit import GambitParams
 from gambit_search.policy import (
     Evict,
     Finished,
@@ -82,12 +83,20 @@ class Params:
     drain: bool = True
 
 
+def _gambit_params(p: Params) -> GambitParams:
+    return GambitParams(capacity=p.capacity, swap=p.swap, interval=p.interval, warmup=p.warmup,
+                        floor=p.floor, child_temperature=p.child_temperature,
+                        branch_point=p.branch_point, ghosts=p.ghosts, revive=p.revive,
+                        drain=p.drain)
+
+
 def _method() -> Method:
     from gambit_search.methods.gambit import tournament_config
 
-    return Method("checked", "test", lambda p, ctx: Checked(tournament_config(p)),
-                  lambda p: int(p.capacity or p.n), needs_scorer=True, scores_traces=True,
-                  uses_memory=True, vote="weighted")
+    return Method("checked", "test",
+                  lambda p, n, ctx: Checked(tournament_config(p, n, ctx.max_tokens)),
+                  lambda p, n: min(int(p.capacity or n), n), params=GambitParams,
+                  needs_scorer=True, scores_traces=True, uses_memory=True, vote="weighted")
 
 
 @dataclass
@@ -111,7 +120,7 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
     eng = FakeEngine(FakeEngineConfig(num_blocks=num_blocks, block_size=4, seed=seed,
                                       max_model_len=256, max_num_seqs=64))
     qs = [Q(f"q{i}", f"question {i} {seed}", "") for i in range(n_questions)]
-    drv = Driver(eng, _method(), params,
+    drv = Driver(eng, _method().bind(_gambit_params(params), params.n),
                  prompt_ids=_prompt,
                  decode=eng.decode, spec=SamplingSpec(temperature=1.0, max_tokens=params.max_tokens),
                  scorer=RandomScorer(seed), config=DriverConfig(max_live=max_live, seed=seed,
@@ -208,7 +217,9 @@ def _run_long(method, num_blocks: int, n_questions: int = 2):
                                       max_model_len=256, max_num_seqs=64,
                                       policy=thought_policy(num_thoughts=(1, 14))))
     qs = [Q(f"q{i}", f"question {i}", "") for i in range(n_questions)]
-    drv = Driver(eng, method, params, prompt_ids=_prompt, decode=eng.decode,
+    bound = method.bind(_gambit_params(params) if method.params is GambitParams else None,
+                        params.n)
+    drv = Driver(eng, bound, prompt_ids=_prompt, decode=eng.decode,
                  spec=SamplingSpec(temperature=1.0, max_tokens=params.max_tokens),
                  scorer=RandomScorer(1), config=DriverConfig(max_live=16, seed=1))
     return eng, list(drv.run(qs))

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-import data_pipelines.questions as questions_mod
-from data_pipelines.questions import DatasetError, Question, load_questions
+import gambit_core.questions as questions_mod
+from gambit_core.questions import DatasetError, Question, load_questions
 from data_pipelines.toy.hard import (
     HARD_SPLITS,
     ToyHardConfig,
@@ -171,7 +171,7 @@ def test_bad_specs_one_line(spec: str, kwargs: dict[str, str], match: str) -> No
 
 
 def test_loader_splits_match_generator() -> None:
-    assert questions_mod._TOY_HARD_SPLITS == HARD_SPLITS
+    assert questions_mod.generated_sources()["toy-hard"].splits == HARD_SPLITS
     with pytest.raises(ValueError, match="train"):
         draw_hard_questions("train", 1)
 

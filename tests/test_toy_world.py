@@ -24,7 +24,7 @@ from data_pipelines.toy.task import (
     step_kind,
 )
 from data_pipelines.toy.tokenizer import BOUNDARY, build_tokenizer
-from gambit_search.grading import extract_boxed
+from gambit_core.grading import extract_boxed
 
 
 @pytest.fixture(scope="module")

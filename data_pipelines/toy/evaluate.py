@@ -1,6 +1,6 @@
 """Measure the toy policy: accuracy, vote gap, first slips, probe AUROC, branching.
 
-What it measures (the foundation issue's acceptance numbers, written to a JSON report):
+What it measures (the toy policy's acceptance numbers, docs/BENCHMARKS.md "Toy policy"; written to a JSON report):
 
 - per-trace accuracy, pass@n and majority@n over held-out test questions;
 - where mistakes begin (distribution of the first wrong operation);
@@ -16,7 +16,7 @@ on a machine without vLLM); hidden states come from one transformers forward pas
 the sampled token ids (the engine adapter's tests show vLLM's rows equal these).
 
     python -m data_pipelines.toy.evaluate --model checkpoints/toy-policy --backend vllm \\
-        --out docs/toy_policy_eval.json
+        --out docs/results/toy_policy/toy_policy_eval.json
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from gambit_scorer.metrics import auroc
 
 
 @dataclass
@@ -172,17 +174,13 @@ def boundary_states(model_dir_or_model, tok, seqs: list[list[int]], prompt_lens:
 # ---------------------------------------------------------------- metrics
 
 
-def auroc(y, s) -> float:
-    from sklearn.metrics import roc_auc_score
-
-    y = np.asarray(y)
-    return float(roc_auc_score(y, s)) if 0 < y.sum() < len(y) else float("nan")
-
-
 def within_question_auroc(groups: list[tuple[list[int], list[float]]]) -> tuple[float, int]:
-    """Mean AUROC over questions whose traces have both outcomes, and how many there were."""
-    vals = [auroc(y, s) for y, s in groups if 0 < sum(y) < len(y)]
-    return (float(np.mean(vals)) if vals else float("nan")), len(vals)
+    """:func:`gambit_scorer.metrics.within_question_auroc` over per-question (labels, scores)."""
+    from gambit_scorer.metrics import within_question_auroc as wq
+
+    q = [i for i, (y, _) in enumerate(groups) for _ in y]
+    return wq(np.asarray(q), np.concatenate([g[0] for g in groups]),
+              np.concatenate([g[1] for g in groups]))
 
 
 def mean_se(x) -> tuple[float, float]:
@@ -196,7 +194,7 @@ def question_votes(gold: str, texts: list[str]) -> tuple[list[bool], bool]:
     equivalent answers ("1/2", "0.5") in one bin (``data_pipelines.harvest.majority_correct``),
     as gambit-harvest's summary and gambit-demo count it."""
     from data_pipelines.harvest import majority_correct
-    from gambit_search.grading import grade
+    from gambit_core.grading import grade
 
     graded = [grade(gold, t) for t in texts]
     ok = [c for _, c in graded]
@@ -208,9 +206,9 @@ def evaluate(cfg: EvalConfig) -> dict:
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from data_pipelines.prompts import build_prompt
     from data_pipelines.toy.task import draw_questions, first_wrong_step
-    from gambit_search.grading import grade
+    from gambit_core.grading import grade
+    from gambit_core.prompts import build_prompt
 
     t0 = time.time()
     sampler = VLLMSampler(cfg.model) if cfg.backend == "vllm" else HFSampler(cfg.model)
@@ -348,7 +346,7 @@ def evaluate(cfg: EvalConfig) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    from data_pipelines.cli import add_dataclass_args
+    from gambit_core.cli import add_dataclass_args
 
     add_dataclass_args(p, EvalConfig)
     p.add_argument("--out", default=None, help="write the JSON report here")

@@ -39,6 +39,7 @@ from data_pipelines.toy.task import (
     split_of,
     step_kind,
 )
+from gambit_core.questions import GeneratedSource, Question
 
 #: Splits a hard question may be drawn from (train is refused: the split is for evaluation).
 HARD_SPLITS: tuple[str, ...] = ("val", "test")
@@ -184,8 +185,6 @@ def draw_hard_questions(
 
 def make_hard_questions(split: str, n: int, seed: int = 0, cfg: ToyHardConfig = ToyHardConfig()):
     """Hard questions as loader ``Question`` records (``toy-hard:val`` in ``load_questions``)."""
-    from data_pipelines.questions import Question  # lazy, as in task.make_questions
-
     return [
         Question(
             id=f"toy-hard-{split}-{seed}-{i}",
@@ -195,3 +194,10 @@ def make_hard_questions(split: str, n: int, seed: int = 0, cfg: ToyHardConfig = 
         )
         for i, q in enumerate(draw_hard_questions(split, n, seed, cfg))
     ]
+
+
+SOURCE = GeneratedSource(
+    name="toy-hard", splits=HARD_SPLITS, make=make_hard_questions,
+    refused={"train": "toy-hard is for evaluation only; train on toy:train"})
+"""``toy-hard:<split>[:<count>]`` for :func:`gambit_core.questions.load_questions` (registered
+under the ``gambit.datasets`` entry points in pyproject.toml)."""

@@ -15,7 +15,7 @@ Its chain-of-thought has one thought per operation, each followed by an explicit
     ...
     \\boxed{61}
 
-Why this shape (see ../shared/TOY_WORLD.md): a plain chain gives a model that errs without
+Why this shape (see docs/TOY_WORLD.md, "The feasibility study"): a plain chain gives a model that errs without
 registering it, so its hidden states carry no error signal. Here a slip is followed by a
 check that recomputes the step backwards and ends in ``no``; the model then retries the
 step once, and if the retry slips too it gives up: it carries the wrong value on and
@@ -44,6 +44,8 @@ import hashlib
 import random
 import re
 from dataclasses import dataclass, field
+
+from gambit_core.questions import GeneratedSource, Question
 
 MOD = 100
 HARD_OPERAND = 7
@@ -140,8 +142,6 @@ def draw_questions(split: str, n: int, seed: int = 0, cfg: ToyTaskConfig = ToyTa
 
 def make_questions(split: str, n: int, seed: int = 0):
     """Toy questions as loader ``Question`` records (``toy:test`` in ``load_questions``)."""
-    from data_pipelines.questions import Question
-
     return [
         Question(id=f"toy-{split}-{seed}-{i}", question=q.text, answer=str(q.answer), source=f"toy:{split}")
         for i, q in enumerate(draw_questions(split, n, seed))
@@ -296,3 +296,8 @@ def first_wrong_step(q: ToyQuestion, completion: str) -> int | None:
     if last[1] != truth[i] or i != len(q.ops) - 1:
         return i
     return None
+
+
+SOURCE = GeneratedSource(name="toy", splits=SPLITS, make=make_questions)
+"""``toy:<split>[:<count>]`` for :func:`gambit_core.questions.load_questions` (registered under
+the ``gambit.datasets`` entry points in pyproject.toml)."""

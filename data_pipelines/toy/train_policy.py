@@ -55,12 +55,12 @@ class PolicyTrainConfig:
     lr: float = 1.5e-3
     """Peak AdamW learning rate (cosine decay to 10%). With weight decay 0.1, 1.5e-3 and 200
     warmup steps learned in 4 of 5 GPU seeds and in the one run on 2 CPU cores; 3e-3 and 100
-    warmup steps in 7 of 14 GPU runs and 0 of 2 CPU runs (docs/toy_sweeps/README.md)."""
+    warmup steps in 7 of 14 GPU runs and 0 of 2 CPU runs (docs/results/toy_policy/sweeps/README.md)."""
     warmup: int = 200
     """Linear warmup steps."""
     weight_decay: float = 0.1
     """AdamW weight decay. 0.1 learned the arithmetic in 6 of 8 GPU seeds, 0.01 in 2 of 7
-    (docs/toy_sweeps/README.md); stalled runs sit on a 0.03-0.06 val-loss plateau."""
+    (docs/results/toy_policy/sweeps/README.md); stalled runs sit on a 0.03-0.06 val-loss plateau."""
     clean_frac: float = 0.0
     """Share of training traces drawn slip-free (the rest follow the task's error model)."""
     n_val: int = 512
@@ -83,7 +83,7 @@ class TraceStream:
         self.rng = random.Random(f"policy-{split}-{cfg.seed}-{key}")
 
     def example(self) -> tuple[list[int], list[int]]:
-        from data_pipelines.prompts import build_prompt
+        from gambit_core.prompts import build_prompt
 
         cfg = self.cfg
         while True:
@@ -235,7 +235,7 @@ def train(cfg: PolicyTrainConfig) -> dict:
 
 def _parse(argv: list[str] | None = None) -> PolicyTrainConfig:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    from data_pipelines.cli import add_dataclass_args
+    from gambit_core.cli import add_dataclass_args
 
     add_dataclass_args(p, PolicyTrainConfig, skip=("task",))
     add_dataclass_args(p, ToyTaskConfig, skip=("split_weights",), prefix="task-")

@@ -20,15 +20,14 @@ class BestOfN(SelfConsistency):
     events); done when all have ended. Votes carry the final trace scores."""
 
 
-def _make(params, ctx=None) -> BestOfN:
-    return BestOfN(int(params.n))
+def _make(params, n: int, ctx=None) -> BestOfN:
+    return BestOfN(n)
 
 
 METHOD = Method(
     name="bon",
     summary="best-of-N: N independent scored traces, score-weighted vote (top-1 reported too)",
     make_policy=_make,
-    slots=lambda params: int(params.n),
     needs_scorer=True,
     scores_traces=True,
     vote="weighted",

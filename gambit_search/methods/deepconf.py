@@ -59,7 +59,7 @@ from gambit_search.policy import (
     Spawn,
 )
 
-__all__ = ["ENGINE_TOP_K", "DeepConf", "DeepConfConfig", "MissingLogprobsError",
+__all__ = ["ENGINE_TOP_K", "DeepConf", "DeepConfConfig", "DeepConfParams", "MissingLogprobsError",
            "token_confidence"]
 
 ENGINE_TOP_K = 20
@@ -272,22 +272,38 @@ class DeepConf(NodeBook):
         return rows
 
 
-def deepconf_config(params, eta: float) -> DeepConfConfig:
-    return DeepConfConfig(n=int(params.n), eta=eta, window=int(params.deepconf_window),
-                          warmup=int(params.deepconf_warmup), top_k=int(params.deepconf_top_k))
+@dataclass(frozen=True)
+class DeepConfParams:
+    """DeepConf's flags (``--deepconf-window`` ...), shared by deepconf-low and -high."""
+
+    window: int = 32
+    """DeepConf's group size W: tokens per sliding-window confidence [paper 2048, for
+    ~15k-token traces; toy traces are ~130 tokens]."""
+    warmup: int = 8
+    """DeepConf's N_init: full warmup traces that set the stopping threshold [paper 16 of
+    512]."""
+    top_k: int = 20
+    """DeepConf's k: top log-probs per token in its confidence (at most 20, what the engine
+    serves) [paper 20]."""
 
 
-def _slots(params) -> int:
-    n, w = int(params.n), min(int(params.deepconf_warmup), int(params.n))
+def deepconf_config(params: DeepConfParams, n: int, eta: float) -> DeepConfConfig:
+    """One question's :class:`DeepConfConfig` (raises ValueError, one line)."""
+    return DeepConfConfig(n=n, eta=eta, window=params.window, warmup=params.warmup,
+                          top_k=params.top_k)
+
+
+def _slots(params: DeepConfParams, n: int) -> int:
+    w = min(params.warmup, n)
     return max(w, n - w)
 
 
 def _method(name: str, eta: float, keep: str) -> Method:
-    def make(params, ctx=None) -> DeepConf:
-        return DeepConf(deepconf_config(params, eta))
+    def make(params: DeepConfParams, n: int, ctx=None) -> DeepConf:
+        return DeepConf(deepconf_config(params, n, eta))
 
-    def check(params) -> None:
-        deepconf_config(params, eta)  # raises ValueError, one line
+    def check(params: DeepConfParams, n: int) -> None:
+        deepconf_config(params, n, eta)  # raises ValueError, one line
 
     return Method(
         name=name,
@@ -295,6 +311,8 @@ def _method(name: str, eta: float, keep: str) -> Method:
                 "early stop from top-k log-probs, confidence-weighted vote",
         make_policy=make,
         slots=_slots,
+        params=DeepConfParams,
+        flag_prefix="deepconf-",
         vote="weighted",
         logprobs=ENGINE_TOP_K,
         check=check,

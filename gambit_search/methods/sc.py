@@ -51,14 +51,13 @@ class SelfConsistency(NodeBook):
         return []
 
 
-def _make(params, ctx=None) -> SelfConsistency:
-    return SelfConsistency(int(params.n))
+def _make(params, n: int, ctx=None) -> SelfConsistency:
+    return SelfConsistency(n)
 
 
 METHOD = Method(
     name="sc",
     summary="self-consistency: N independent traces, plain majority over equivalence bins",
     make_policy=_make,
-    slots=lambda params: int(params.n),
     vote="plain",
 )

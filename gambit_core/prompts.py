@@ -2,7 +2,7 @@
 
 Usage::
 
-    from data_pipelines.prompts import build_prompt, build_prompt_ids
+    from gambit_core.prompts import build_prompt, build_prompt_ids
 
     text = build_prompt(question, tokenizer)      # chat-templated, generation prompt appended
     ids = build_prompt_ids(question, tokenizer)   # token ids, special tokens added once

@@ -1,6 +1,6 @@
 """Answer extraction, equivalence and vote bins for math and multiple-choice grading.
 
-The grading rules (see REFERENCE.md, "Grading"):
+The grading rules (see docs/REFERENCE.md, "Grading"):
 
 * the answer of a completion is the content of its last ``\\boxed{...}`` (or ``\\fbox{...}``),
   brace-matched; multiple-choice (GPQA) answers are one letter A-D;
@@ -16,7 +16,7 @@ The grading rules (see REFERENCE.md, "Grading"):
 
 Usage::
 
-    from gambit_search.grading import extract_boxed, grade, is_equivalent, majority_vote
+    from gambit_core.grading import extract_boxed, grade, is_equivalent, majority_vote
 
     extract_boxed(r"so the answer is \\boxed{\\frac{1}{2}}.")   # -> r"\\frac{1}{2}"
     is_equivalent("1/2", r"\\frac{1}{2}")                       # -> True

@@ -1,0 +1,166 @@
+"""The engine registry: ``vllm`` (the adapter over stock vLLM) and ``fake`` (the scripted
+engine of tests and dry runs), behind one small interface.
+
+    from gambit_search.engines import EngineSettings, get_engine_kind
+
+    kind = get_engine_kind("vllm")
+    facts = kind.facts(model)                      # hidden size, tokenizer, boundary ids, hash
+    engine = kind.start(EngineSettings(model=model, max_live=64, kv_cache=0.02))
+    prompt = kind.prompt_ids(facts.tokenizer or engine.tokenizer)   # str -> token ids
+    decode = kind.decoder(engine)                  # token ids -> text
+
+The applications (solve, bench, harvest) name an engine with ``--engine`` and know nothing
+else about it. A new engine is a class here and a line in :data:`ENGINES`.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gambit_core.errors import InputError
+
+__all__ = ["ENGINES", "EngineKind", "EngineSettings", "ModelFacts", "engine_names",
+           "get_engine_kind"]
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What an application asks of an engine."""
+
+    model: str
+    """Policy model directory or Hugging Face name (``fake``: ignored)."""
+    max_live: int = 256
+    """Most traces scheduled at once (vLLM's max_num_seqs)."""
+    seed: int = 0
+    """Engine seed (traces carry their own)."""
+    kv_cache: float = 1.0
+    """KV-cache size in GiB."""
+    confidence: bool = False
+    """Return the sampled tokens' log-probabilities (confidence features, DeepConf)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Engine-specific overrides (``VLLMEngineConfig`` fields, e.g. ``stream_interval``)."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What is known of a model before its engine starts (no vLLM needed)."""
+
+    hidden_size: int | None
+    """Width of the hidden states the scorer reads (None: unknown)."""
+    boundary_ids: list[int] | None
+    """Token ids that end a thought on their own (a scorer's fingerprint of the rule)."""
+    tokenizer: Any = None
+    """The model's tokenizer (None for the fake engine)."""
+    identity: dict[str, str] = field(default_factory=dict)
+    """{"model_hash", "tokenizer_hash"}: pins an output directory to these weights."""
+
+
+class EngineKind(ABC):
+    """One kind of engine as the applications see it."""
+
+    name: str
+
+    @abstractmethod
+    def facts(self, model: str) -> ModelFacts:
+        """Check ``model`` and read its facts; :class:`InputError` with one line if unusable."""
+
+    @abstractmethod
+    def start(self, s: EngineSettings) -> Any:
+        """A started :class:`~gambit_search.engine.Engine`."""
+
+    @abstractmethod
+    def prompt_ids(self, tokenizer: Any) -> Callable[[str], list[int]]:
+        """question text -> prompt token ids."""
+
+    @abstractmethod
+    def decoder(self, engine: Any) -> Callable[[Sequence[int]], str]:
+        """token ids -> text, for a started engine."""
+
+
+class VLLMKind(EngineKind):
+    name = "vllm"
+
+    def facts(self, model: str) -> ModelFacts:
+        from gambit_core.runio import model_identity
+        from gambit_search.vllm_engine import boundary_token_ids, validate_model_path
+
+        try:
+            validate_model_path(model)
+        except Exception as e:  # noqa: BLE001 - one line for the user
+            raise InputError(str(e)) from None
+        hidden = None
+        cfg = Path(model) / "config.json"
+        if cfg.is_file():
+            c = json.loads(cfg.read_text())
+            hidden = c.get("hidden_size") or (c.get("text_config") or {}).get("hidden_size")
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(model)
+        except Exception as e:  # noqa: BLE001
+            raise InputError(f"cannot load the tokenizer of {model!r}: {e}") from None
+        m_hash, t_hash = model_identity(model)
+        return ModelFacts(hidden, boundary_token_ids(tok), tok,
+                          {"model_hash": m_hash, "tokenizer_hash": t_hash})
+
+    def start(self, s: EngineSettings) -> Any:
+        from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
+
+        return VLLMEngine(VLLMEngineConfig(**({
+            "model": s.model, "max_num_seqs": s.max_live, "seed": s.seed,
+            "kv_cache_memory_bytes": int(s.kv_cache * (1 << 30)), "detokenize": False,
+            "sampled_logprobs": s.confidence} | s.extra)))
+
+    def prompt_ids(self, tokenizer: Any) -> Callable[[str], list[int]]:
+        from gambit_core.prompts import build_prompt_ids
+
+        return lambda q: build_prompt_ids(q, tokenizer)
+
+    def decoder(self, engine: Any) -> Callable[[Sequence[int]], str]:
+        tok = engine.tokenizer
+        return lambda ids: tok.decode(ids, skip_special_tokens=True)
+
+
+class FakeKind(EngineKind):
+    name = "fake"
+
+    def facts(self, model: str) -> ModelFacts:
+        from gambit_search.fake_engine import BOUNDARY, FakeEngineConfig
+
+        return ModelFacts(FakeEngineConfig().hidden_size, [BOUNDARY], None,
+                          {"model_hash": "fake", "tokenizer_hash": "fake"})
+
+    def start(self, s: EngineSettings) -> Any:
+        from gambit_search.fake_engine import FakeEngine, FakeEngineConfig
+
+        return FakeEngine(FakeEngineConfig(seed=s.seed, max_num_seqs=s.max_live))
+
+    def prompt_ids(self, tokenizer: Any) -> Callable[[str], list[int]]:
+        from gambit_search.fake_engine import FIRST_TEXT
+
+        return lambda q: [1] + [FIRST_TEXT + (ord(c) % 50) for c in q]
+
+    def decoder(self, engine: Any) -> Callable[[Sequence[int]], str]:
+        return engine.decode
+
+
+ENGINES: dict[str, EngineKind] = {k.name: k for k in (VLLMKind(), FakeKind())}
+"""Registered engine kinds by ``--engine`` name."""
+
+
+def engine_names() -> list[str]:
+    """Registered engine names."""
+    return sorted(ENGINES)
+
+
+def get_engine_kind(name: str) -> EngineKind:
+    """The engine kind called ``name``; :class:`InputError` names the known ones."""
+    kind = ENGINES.get(name)
+    if kind is None:
+        raise InputError(f"--engine must be one of {', '.join(engine_names())}, got {name!r}")
+    return kind

@@ -1,0 +1,153 @@
+"""gambit-solve's configuration: the run's settings, each method's typed parameters, and
+every check that needs no model.
+
+    from gambit_search.solve.config import SolveConfig, bind_method
+    from gambit_search.methods.gambit import GambitParams
+
+    cfg = SolveConfig(dataset="toy:test:100", n=64, params=GambitParams(capacity=16))
+    bound = bind_method(cfg)        # the method, its parameters and N, checked (InputError)
+
+``params`` holds the method's own parameters (:attr:`gambit_search.methods.Method.params`;
+None: its defaults). On the command line they are flat flags (``--capacity``,
+``--deepconf-window``); :func:`params_from_flat` builds them from those names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gambit_core.errors import InputError
+from gambit_core.runio import RUN_ONLY, fingerprint
+from gambit_core.sampling import SamplingConfig
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL = str(REPO / "checkpoints" / "toy-policy")
+DEFAULT_SCORER = str(REPO / "checkpoints" / "toy-scorer-seq" / "ckpt.pt")
+PROG = "gambit-solve"
+
+SolveInputError = InputError
+"""Bad input to gambit-solve (the project's one :class:`~gambit_core.errors.InputError`)."""
+
+
+@dataclass(kw_only=True)
+class SolveConfig(SamplingConfig):
+    """One gambit-solve run (the sampling fields: :class:`gambit_core.sampling.SamplingConfig`;
+    the method's own: ``params``)."""
+
+    dataset: str | None = None
+    """Questions: a JSONL path, a local HF dataset, or toy:<split>[:count] (instead of a
+    question on the command line)."""
+    model: str = DEFAULT_MODEL
+    """Policy model directory or Hugging Face name (must be available offline)."""
+    scorer: str = DEFAULT_SCORER
+    """Scorer checkpoint (gambit-train's ckpt.pt or a reference STEP/Gambit .pt); "none" for
+    methods that need none."""
+    method: str = "gambit"
+    """Search method: gambit, sc, bon, step, deepconf-low, deepconf-high or slim-sc
+    (comma-separated: several, one after another on one engine)."""
+    n: int = 64
+    """Budget: completed traces per question that vote, for every method (prune-only methods
+    start n and vote on those that complete)."""
+    max_questions: int | None = None
+    """Use only the first N questions of the dataset."""
+    kv_cache: float = 1.0
+    """KV-cache size in GiB (small values create memory pressure)."""
+    max_live: int = 256
+    """Global limit of live traces (also vLLM's max_num_seqs)."""
+    score_every: int = 1
+    """Score waiting thought boundaries in one batched forward every N engine steps (and at
+    once when a trace finishes): N > 1 trades score freshness for fewer scorer forwards."""
+    engine: str = "vllm"
+    """Engine: "vllm", or "fake" (the scripted engine: tests and dry runs)."""
+    out: str | None = field(default=None, metadata=RUN_ONLY)
+    """Output directory (needed with --dataset; optional for one question)."""
+    rule: str | None = field(default=None, metadata=RUN_ONLY)
+    """Vote rule of the reported answer: weighted, plain or top1 (default: the method's)."""
+    rescore: str | None = field(default=None, metadata=RUN_ONLY)
+    """Re-vote a finished run directory with --rule (no model is loaded)."""
+    params: Any = field(default=None, metadata=RUN_ONLY)
+    """The method's parameters (an instance of its ``Method.params``; None: the defaults).
+    Part of the fingerprint through :func:`run_fingerprint`."""
+
+
+def flat_name(prefix: str, name: str) -> str:
+    """The flat key of a method parameter: its flag without dashes ("deepconf_window")."""
+    return prefix.replace("-", "_") + name
+
+
+def params_from_flat(method: Any, flat: dict[str, Any]) -> Any:
+    """``method``'s parameters from flat keys (``{"capacity": 16, "deepconf_window": 8}``):
+    the keys of other methods are ignored, missing ones keep their defaults."""
+    kw = {f.name: flat[flat_name(method.flag_prefix, f.name)]
+          for f in dataclasses.fields(method.params)
+          if flat_name(method.flag_prefix, f.name) in flat}
+    return method.params(**kw)
+
+
+def flat_params(method: Any, params: Any) -> dict[str, Any]:
+    """The inverse of :func:`params_from_flat`, for fingerprints and summaries."""
+    return {flat_name(method.flag_prefix, k): v for k, v in dataclasses.asdict(params).items()}
+
+
+def bind_method(cfg: SolveConfig) -> Any:
+    """``cfg.method`` bound to ``cfg.params`` and ``cfg.n``, checked (:class:`InputError`)."""
+    from gambit_search.methods import get_method
+
+    return get_method(cfg.method).bind(cfg.params, cfg.n)
+
+
+def run_fingerprint(cfg: SolveConfig, bound: Any, ident: dict) -> dict:
+    """What must match to resume into an output directory: the run's settings, the method's
+    parameters and the model's identity."""
+    return fingerprint(cfg) | flat_params(bound.method, bound.params) | ident
+
+
+def check_config(cfg: SolveConfig, question: str | None) -> Any:
+    """Everything that can be refused without a model; returns the bound method (None for
+    --rescore). Raises :class:`InputError`."""
+    from gambit_search.engines import get_engine_kind
+    from gambit_search.voting import RULES
+
+    if cfg.rescore is not None:
+        return None
+    bound = bind_method(cfg)
+    if (question is None) == (cfg.dataset is None):
+        raise InputError("give one question as text, or --dataset (not both)")
+    if question is not None and not question.strip():
+        raise InputError("the question is empty")
+    if cfg.rule is not None and cfg.rule not in RULES:
+        raise InputError(f"--rule must be one of {', '.join(RULES)}, got {cfg.rule!r}")
+    get_engine_kind(cfg.engine)
+    if cfg.max_live < 1:
+        raise InputError(f"--max-live must be >= 1, got {cfg.max_live}")
+    if cfg.score_every < 1:
+        raise InputError(f"--score-every must be >= 1, got {cfg.score_every}")
+    if cfg.kv_cache <= 0:
+        raise InputError(f"--kv-cache must be > 0 GiB, got {cfg.kv_cache}")
+    cfg.check_sampling()
+    m = bound.method
+    if m.needs_scorer and (not cfg.scorer or cfg.scorer == "none"):
+        raise InputError(f"method {m.name!r} needs a scorer: pass --scorer ckpt.pt")
+    return bound
+
+
+def make_config(**flat: Any) -> SolveConfig:
+    """A :class:`SolveConfig` from flat names, as the command line gives them: the run's
+    fields, and the method's parameters by their flag names (``swap=2``,
+    ``deepconf_window=8``). A name that is neither a field nor any method's parameter is an
+    :class:`InputError`; another method's parameters are ignored, as on the command line."""
+    from gambit_search.methods import get_method, param_classes
+
+    own = {f.name for f in dataclasses.fields(SolveConfig)} - {"params"}
+    known = {flat_name(prefix, f.name) for cls, prefix in param_classes().items()
+             for f in dataclasses.fields(cls)}
+    bad = sorted(set(flat) - own - known)
+    if bad:
+        raise InputError(f"unknown gambit-solve settings {bad}")
+    cfg = SolveConfig(**{k: v for k, v in flat.items() if k in own})
+    if "," in cfg.method:
+        return cfg
+    return dataclasses.replace(cfg, params=params_from_flat(get_method(cfg.method), flat))

@@ -1,0 +1,117 @@
+"""The package graph runs one way (docs/ARCHITECTURE.md), read from the source.
+
+Every ``import`` of every module counts, those inside functions included. Layers, bottom up:
+``gambit_core`` < ``gambit_scorer`` < ``gambit_search`` < ``data_pipelines``; a module may
+import its own layer and those below. No two modules may import each other, directly or
+around a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LAYERS = ["gambit_core", "gambit_scorer", "gambit_search", "data_pipelines"]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in LAYERS:
+        for p in (REPO / pkg).rglob("*.py"):
+            parts = list(p.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = p
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The repo modules that ``name`` imports (``from a import b``: ``a.b`` when it is a
+    module, else ``a``)."""
+    is_pkg = path.name == "__init__.py"
+    here = name.split(".") if is_pkg else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = here[: len(here) - (node.level - 1)]
+                base = ".".join(up + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                       for a in node.names]
+        for t in targets:
+            while t and t not in modules:  # "a.b.C" (a class): the module "a.b"
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(m, p, mods) for m, p in mods.items()}
+
+
+def test_the_graph_is_read_from_every_package():
+    g = _graph()
+    assert {m.split(".")[0] for m in g} == set(LAYERS)
+    # a function-level import is seen (gambit_search.solve.run imports the scorer lazily)
+    assert "gambit_scorer.checkpoint" in g["gambit_search.solve.run"]
+    assert "gambit_core.questions" in g["data_pipelines.toy.task"]
+
+
+def test_no_import_runs_up_a_layer():
+    up = sorted(f"{m} -> {t}" for m, ts in _graph().items() for t in ts
+                if LAYERS.index(t.split(".")[0]) > LAYERS.index(m.split(".")[0]))
+    assert up == []
+
+
+def test_no_module_circles():
+    g = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_the_checker_sees_a_circle_and_an_upward_import(tmp_path):
+    """The reader is not blind: a planted circle and an upward import are found."""
+    mods = {"gambit_core.a": tmp_path / "a.py", "gambit_core.b": tmp_path / "b.py",
+            "gambit_search.c": tmp_path / "c.py"}
+    mods["gambit_core.a"].write_text("def f():\n    from gambit_core import b\n")
+    mods["gambit_core.b"].write_text("import gambit_core.a\nfrom gambit_search.c import X\n")
+    mods["gambit_search.c"].write_text("X = 1\n")
+    assert _imports("gambit_core.a", mods["gambit_core.a"], mods) == {"gambit_core.b"}
+    assert _imports("gambit_core.b", mods["gambit_core.b"], mods) == {"gambit_core.a",
+                                                                      "gambit_search.c"}
