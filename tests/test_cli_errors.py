@@ -119,3 +119,73 @@ def test_train_missing_harvest_dir(tmp_path):
 def test_train_no_harvest_given(tmp_path):
     p = _run("gambit_scorer.train", cwd=tmp_path)
     _assert_one_line_error(p, "gambit-train", "no harvest given", "data.harvest=")
+
+
+# ---------------------------------------------------------------- gambit-solve
+
+
+def _solve(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    return _run("gambit_search.solve", *args, cwd=tmp_path, timeout=120)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--method", "nope", "some question"], "unknown method 'nope'"),
+    (["--capacity", "6", "--swap", "4", "q"], "must be >= 2K"),
+    (["--warmup", "0", "q"], "warmup w must be > 0"),
+    (["--interval", "-1", "q"], "interval D must be > 0"),
+    (["   "], "the question is empty"),
+    (["--dataset", "/nonexistent/x.jsonl", "--out", "OUT"], "cannot load dataset"),
+    (["--dataset", "toy:test:2"], "--dataset needs --out"),
+    (["--dataset", "toyz:test:2", "--out", "OUT"], "unknown dataset source 'toyz'"),
+    (["--scorer", "/nonexistent.pt", "q"], "does not exist"),
+    (["--scorer", "none", "q"], "needs a scorer"),
+    (["--model", "/nonexistent/model", "q"], "does not exist"),
+    (["--rule", "best", "q"], "--rule must be one of"),
+    (["--rescore", "/nonexistent/run"], "no results.jsonl"),
+    (["--engine", "tpu", "q"], "--engine must be one of fake, vllm"),
+    (["--top-p", "0", "q"], "--top-p must be in (0, 1]"),
+    (["--method", "bon", "--scorer", "none", "q"], "method 'bon' needs a scorer"),
+    (["--method", "step", "--scorer", "none", "q"], "method 'step' needs a scorer"),
+    (["--method", "deepconf-low", "--deepconf-top-k", "32", "q"],
+     "the engine serves at most 20 top log-probs"),
+    (["--method", "deepconf-high", "--deepconf-window", "0", "q"], "deepconf-window"),
+    (["--method", "slim-sc", "--slim-threshold", "2", "q"], "slim-threshold"),
+    (["--method", "sc,deepconf-low", "--deepconf-warmup", "0", "q"], "deepconf-warmup"),
+])
+def test_solve_bad_input(tmp_path, args, msg):
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
+    _assert_one_line_error(_solve(*args, tmp_path=tmp_path), "gambit-solve", msg)
+
+
+def test_solve_refuses_a_scorer_of_another_model(tmp_path, fake_scorer):
+    p = _solve("--scorer", fake_scorer, "Start 3. Ops: +1. Mod 100.", tmp_path=tmp_path)
+    _assert_one_line_error(p, "gambit-solve", "hidden size")  # 16-wide vs the toy's 128
+
+
+def test_solve_refuses_a_scorer_of_other_boundary_tokens(tmp_path):
+    import torch
+
+    from gambit_scorer.checkpoint import save_checkpoint
+    from gambit_scorer.models import StepMLP
+
+    torch.manual_seed(0)
+    path = tmp_path / "ckpt.pt"  # the toy policy's hidden size, another tokenizer's boundary
+    save_checkpoint(path, StepMLP(128, [8]), features=["hidden"], hidden_size=128,
+                    boundary_token_ids=[7, 99])
+    p = _solve("--scorer", str(path), "Start 3. Ops: +1. Mod 100.", tmp_path=tmp_path)
+    _assert_one_line_error(p, "gambit-solve", "boundar")
+
+
+# ---------------------------------------------------------------- gambit-bench
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--datasets", "/no/such.jsonl"], "cannot load dataset"),
+    (["--methods", "sc,nope"], "unknown method 'nope'"),
+    (["--set", "sc.swap=2"], "--set sc: unknown parameters ['swap']"),
+    (["--config", "/no/such.yaml"], "config file '/no/such.yaml' does not exist"),
+])
+def test_bench_bad_input(tmp_path, args, msg):
+    p = _run("gambit_search.bench", "--out", str(tmp_path / "x"), *args, cwd=tmp_path,
+             timeout=120)
+    _assert_one_line_error(p, "gambit-bench", msg)

@@ -53,18 +53,24 @@ BASELINES = ("bon", "step", "deepconf-low", "deepconf-high", "slim-sc")
 # ----------------------------------------------------------------------------- registry
 
 
-def test_every_baseline_is_registered_with_what_it_needs():
-    assert set(BASELINES) <= set(method_names())
-    m = {n: get_method(n) for n in BASELINES}
-    assert m["bon"].needs_scorer and m["bon"].scores_traces and m["bon"].vote == "weighted"
-    assert not m["bon"].uses_memory
-    assert m["step"].needs_scorer and m["step"].uses_memory and m["step"].vote == "weighted"
-    for name in ("deepconf-low", "deepconf-high"):
-        assert m[name].logprobs == 20 and not m[name].needs_scorer
-        assert not m[name].scores_traces and m[name].vote == "weighted"
-    assert m["slim-sc"].vote == "plain" and not m["slim-sc"].needs_scorer
-    for name in BASELINES:
-        assert m[name].name == name
+def test_every_method_is_registered_and_the_driver_honours_its_record(fake_scorer):
+    """The registry's records are what the driver acts on: a method that needs a scorer is
+    refused without one, and one that asks for log-probs gets them on every delta."""
+    from gambit_search.driver import Driver
+
+    assert set(BASELINES) | {"gambit", "sc"} == set(method_names())
+    for name in method_names():
+        m = get_method(name)
+        assert m.name == name and m.vote in ("weighted", "plain", "top1")
+        assert not m.scores_traces or m.needs_scorer
+        eng = FakeEngine(FakeEngineConfig(seed=0))
+        spec = SamplingSpec(max_tokens=20, logprobs=m.logprobs)
+        if m.needs_scorer:
+            with pytest.raises(ValueError, match="needs a scorer"):
+                Driver(eng, m.bind(n=8), prompt_ids=_prompt, decode=eng.decode, spec=spec)
+    # DeepConf's confidence is computed from the engine's top-k: the record asks for k=20
+    _, (r,) = _drive("deepconf-low", P(n=4), 4096, 0, 1)
+    assert r["tree_stats"]["deepconf"]["warmup"] == 3 and r["error"] is None
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -514,23 +520,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["--method", "bon", "--scorer", "none", "q"], "method 'bon' needs a scorer"),
-    (["--method", "step", "--scorer", "none", "q"], "method 'step' needs a scorer"),
-    (["--method", "deepconf-low", "--deepconf-top-k", "32", "q"],
-     "the engine serves at most 20 top log-probs"),
-    (["--method", "deepconf-high", "--deepconf-window", "0", "q"], "deepconf-window"),
-    (["--method", "slim-sc", "--slim-threshold", "2", "q"], "slim-threshold"),
-    (["--method", "sc,deepconf-low", "--deepconf-warmup", "0", "q"], "deepconf-warmup"),
-])
-def test_bad_baseline_input_is_one_line_before_any_engine(args, msg):
-    p = _cli(*args)
-    assert p.returncode == 2, p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gambit-solve: error: "), p.stderr
-    assert msg in lines[0]
-
-
 def test_slim_sc_without_its_embedding_package_is_refused(monkeypatch):
     import importlib.util
 
@@ -543,12 +532,30 @@ def test_slim_sc_without_its_embedding_package_is_refused(monkeypatch):
         check_config(SolveConfig(method="slim-sc", scorer="none"), "q")  # defaults
 
 
-def test_policy_context_shared_holds_one_embedder():
-    from gambit_search.methods.slim_sc import SHARED_KEY, shared_embedder
+def test_one_embedder_is_built_per_run_and_shared_by_its_policies(monkeypatch):
+    """Slim-SC's policies of one run share one embedding model through ``ctx.shared``: built
+    on the first policy, reused by the next, and rebuilt for another run's context."""
+    import gambit_search.methods.slim_sc as slim
 
-    ctx = PolicyContext(decode=str, block_size=4, max_model_len=64, hidden_size=16,
-                        max_tokens=10, shared={SHARED_KEY: _hash_embed})
-    assert shared_embedder(ctx) is _hash_embed
+    built = []
+
+    def embedder():
+        built.append(object())
+        return _hash_embed
+
+    monkeypatch.setattr(slim, "MiniLMEmbedder", embedder)
+    bound = get_method("slim-sc").bind(n=4)
+
+    def ctx():
+        return PolicyContext(decode=str, block_size=4, max_model_len=64, hidden_size=16,
+                             max_tokens=10)
+
+    run = ctx()
+    p1, p2 = bound.policy(run), bound.policy(run)
+    assert p1 is not p2 and len(built) == 1
+    assert run.shared[slim.SHARED_KEY] is _hash_embed
+    bound.policy(ctx())
+    assert len(built) == 2
 
 
 def test_rescore_of_a_deepconf_run_uses_its_voters_and_confidences(tmp_path):

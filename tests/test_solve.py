@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gambit_search.solve import SolveInputError, make_config, rescore, solve
+from gambit_search.solve import SolveConfig, SolveInputError, make_config, rescore, solve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,36 +97,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["--method", "nope", "some question"], "unknown method 'nope'"),
-    (["--capacity", "6", "--swap", "4", "q"], "must be >= 2K"),
-    (["--warmup", "0", "q"], "warmup w must be > 0"),
-    (["--interval", "-1", "q"], "interval D must be > 0"),
-    (["   "], "the question is empty"),
-    (["--dataset", "/nonexistent/x.jsonl", "--out", "OUT"], "cannot load dataset"),
-    (["--dataset", "toy:test:2"], "--dataset needs --out"),
-    (["--scorer", "/nonexistent.pt", "q"], "does not exist"),
-    (["--scorer", "none", "q"], "needs a scorer"),
-    (["--model", "/nonexistent/model", "q"], "does not exist"),
-    (["--rule", "best", "q"], "--rule must be one of"),
-    (["--rescore", "/nonexistent/run"], "no results.jsonl"),
-])
-def test_bad_input_is_one_line_on_stderr(tmp_path, args, msg):
-    args = [str(tmp_path / "out") if a == "OUT" else a for a in args]
-    p = _cli(*args)
-    assert p.returncode == 2, p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gambit-solve: error: "), p.stderr
-    assert msg in lines[0]
-    assert "Traceback" not in p.stderr
-
-
-def test_scorer_for_another_model_is_refused_before_the_engine(tmp_path, fake_scorer):
-    p = _cli("--scorer", fake_scorer, "Start 3. Ops: +1. Mod 100.")  # 16-wide vs toy's 128
-    assert p.returncode == 2
-    assert "hidden size" in p.stderr and len(p.stderr.strip().splitlines()) == 1
-
-
 def test_help_imports_nothing_heavy():
     p = _cli("--help")
     assert p.returncode == 0 and "--swap" in p.stdout and "[paper 16]" in p.stdout
@@ -136,21 +106,6 @@ def test_help_imports_nothing_heavy():
             "print('HEAVY', bad)")
     q = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert "HEAVY []" in q.stdout, q.stdout
-
-
-def test_scorer_with_other_boundary_tokens_is_refused(tmp_path):
-    import torch
-
-    from gambit_scorer.checkpoint import save_checkpoint
-    from gambit_scorer.models import StepMLP
-
-    torch.manual_seed(0)
-    path = tmp_path / "ckpt.pt"  # the toy policy's hidden size, another tokenizer's boundary
-    save_checkpoint(path, StepMLP(128, [8]), features=["hidden"], hidden_size=128,
-                    boundary_token_ids=[7, 99])
-    p = _cli("--scorer", str(path), "Start 3. Ops: +1. Mod 100.")
-    assert p.returncode == 2
-    assert "boundar" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
 def test_a_failing_question_is_recorded_and_the_others_go_on(tmp_path, fake_scorer):
