@@ -184,8 +184,8 @@ HALF = ["0.5", "1/2", "\\frac{1}{2}", "3", "3"]
 def _write_answers(out: Path, by_question: dict[str, tuple[str, list[str | None]]]) -> None:
     import pyarrow.parquet as pq
 
-    from gambit_scorer.harvest_io import HarvestTrace, traces_to_table
     from gambit_core.grading import is_equivalent
+    from gambit_scorer.harvest_io import HarvestTrace, traces_to_table
 
     traces = []
     for qid, (gold, answers) in by_question.items():

@@ -8,7 +8,6 @@ import random
 import pytest
 
 import gambit_core.questions as questions_mod
-from gambit_core.questions import DatasetError, Question, load_questions
 from data_pipelines.toy.hard import (
     HARD_SPLITS,
     ToyHardConfig,
@@ -26,6 +25,7 @@ from data_pipelines.toy.task import (
     split_of,
     step_kind,
 )
+from gambit_core.questions import DatasetError, Question, load_questions
 
 N = 40
 
