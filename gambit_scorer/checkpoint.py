@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from gambit_core.errors import InputError
 from gambit_scorer.kinds import (
     ArchitectureError,
     MLPHistory,
@@ -77,7 +78,7 @@ def _one_line(text: str) -> str:
     return re.sub(r"\s*[\r\n]+\s*", " ", text).strip()
 
 
-class ScorerLoadError(ValueError):
+class ScorerLoadError(InputError):
     """A scorer checkpoint cannot be used (the message says why and what to do).
 
     The message is always one line (line breaks in it are replaced by spaces)."""

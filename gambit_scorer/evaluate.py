@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -45,15 +46,29 @@ def evaluate_scorer(scorer_path: str, harvest: str) -> dict:
     }
 
 
+@dataclass
+class EvaluateConfig:
+    """One held-out evaluation."""
+
+    scorer: str
+    """A checkpoint: gambit-train's ckpt.pt or a reference STEP/Gambit .pt."""
+    harvest: str
+    """A harvest directory of held-out questions."""
+    out: str | None = None
+    """Also write the JSON report here."""
+
+
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--scorer", required=True, help="ckpt.pt (ours or a reference STEP/Gambit .pt)")
-    p.add_argument("--harvest", required=True, help="a harvest directory (held-out questions)")
-    p.add_argument("--out", default=None, help="also write the JSON here")
-    a = p.parse_args(argv)
-    r = evaluate_scorer(a.scorer, a.harvest)
-    if a.out:
-        with open(a.out, "w") as f:
+    from gambit_core.cli import add_dataclass_args, input_errors
+
+    p = argparse.ArgumentParser(prog="python -m gambit_scorer.evaluate",
+                                description=__doc__.split("\n\n")[0])
+    add_dataclass_args(p, EvaluateConfig, required=("scorer", "harvest"))
+    cfg = EvaluateConfig(**vars(p.parse_args(argv)))
+    with input_errors(p.prog):
+        r = evaluate_scorer(cfg.scorer, cfg.harvest)
+    if cfg.out:
+        with open(cfg.out, "w") as f:
             json.dump(r, f, indent=2)
     print(json.dumps(r, indent=2))
 

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from gambit_core.errors import InputError
+
 MANIFEST_NAME = "manifest.json"
 SHARD_GLOB = "shard-*.parquet"
 DATA_DIR = "data"
@@ -75,7 +77,7 @@ TRAIN_COLUMNS: tuple[str, ...] = (
 )
 
 
-class HarvestError(ValueError):
+class HarvestError(InputError):
     """A harvest directory is missing, empty or malformed (the message says how to fix it)."""
 
 

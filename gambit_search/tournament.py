@@ -62,6 +62,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from gambit_core.errors import InputError
 from gambit_search.policy import (
     Action,
     Event,
@@ -84,7 +85,7 @@ __all__ = ["BRANCH_POINTS", "Tournament", "TournamentConfig", "TournamentConfigE
 BRANCH_POINTS = ("boundary", "current")
 
 
-class TournamentConfigError(ValueError):
+class TournamentConfigError(InputError):
     """A search parameter is out of range (one line)."""
 
 
