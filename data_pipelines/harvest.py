@@ -242,13 +242,13 @@ def majority_correct(answers: Sequence[str | None], correct: Sequence[bool]) -> 
     """The majority answer of one question's traces and whether it is right.
 
     The vote pools answers over math-verify equivalence bins
-    (:func:`gambit_core.grading.majority_vote`: "1/2", "0.5" and "\\frac{1}{2}" are one
+    (:func:`gambit_core.vote_bins.majority_vote`: "1/2", "0.5" and "\\frac{1}{2}" are one
     answer; None and empty answers do not vote). The winner is its bin's representative,
     itself one trace's answer, so its correctness is that trace's graded ``correct``: no
     second grading, and a majority verdict never disagrees with the per-trace grade of the
     answer it outputs. ``(None, False)`` when no trace has an answer.
     """
-    from gambit_core.grading import majority_vote
+    from gambit_core.vote_bins import majority_vote
 
     if len(answers) != len(correct):
         raise ValueError(f"{len(answers)} answers but {len(correct)} verdicts")

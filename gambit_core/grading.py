@@ -1,4 +1,5 @@
-"""Answer extraction, equivalence and vote bins for math and multiple-choice grading.
+"""Answer extraction and equivalence for math and multiple-choice grading (the vote bins that
+pool equivalent answers: :mod:`gambit_core.vote_bins`).
 
 The grading rules (see docs/REFERENCE.md, "Grading"):
 
@@ -16,17 +17,11 @@ The grading rules (see docs/REFERENCE.md, "Grading"):
 
 Usage::
 
-    from gambit_core.grading import extract_boxed, grade, is_equivalent, majority_vote
+    from gambit_core.grading import extract_boxed, grade, is_equivalent
 
     extract_boxed(r"so the answer is \\boxed{\\frac{1}{2}}.")   # -> r"\\frac{1}{2}"
     is_equivalent("1/2", r"\\frac{1}{2}")                       # -> True
     grade("70", r"... \\boxed{70}")                             # -> ("70", True)
-    majority_vote([r"\\frac{1}{2}", "0.5", "3"])                # -> r"\\frac{1}{2}"
-
-    bins = VoteBins()
-    bins.add("0.5", weight=0.9)
-    bins.add(r"\\frac12", weight=0.4)
-    bins.winner()                                              # -> "0.5"
 
 Thread safety: math-verify bounds parse/verify time with ``SIGALRM``, which only works in
 the main thread. Here the timeouts are used in the main thread and switched off in any
@@ -38,10 +33,9 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import re
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import mpmath
@@ -52,13 +46,11 @@ __all__ = [
     "NUMERIC_REL_TOL",
     "PARSE_TIMEOUT_S",
     "VERIFY_TIMEOUT_S",
-    "VoteBin",
-    "VoteBins",
     "extract_boxed",
     "extract_choice",
     "grade",
     "is_equivalent",
-    "majority_vote",
+    "normalize_answer",
     "parse_answer",
 ]
 
@@ -187,7 +179,8 @@ _PARSE_TIMEOUT_KW = _timeout_kwarg(parse, ("parsing_timeout", "timeout_seconds")
 _VERIFY_TIMEOUT_KW = _timeout_kwarg(verify, ("timeout_seconds", "parsing_timeout"))
 
 
-def _normalize(answer: str) -> str:
+def normalize_answer(answer: str) -> str:
+    """``answer`` with its whitespace runs collapsed (the exact-match key before math-verify)."""
     return " ".join(answer.split())
 
 
@@ -289,7 +282,7 @@ def _parse_cached(answer: str, main_thread: bool) -> tuple[Any, ...]:
 
 def parse_answer(answer: str) -> list[Any]:
     """math-verify parse of a bare or LaTeX answer (cached); ``[]`` when it does not parse."""
-    answer = _normalize(answer)
+    answer = normalize_answer(answer)
     if not answer:
         return []
     return list(_parse_cached(answer, _in_main_thread()))
@@ -416,8 +409,8 @@ def is_equivalent(gold: str, pred: str) -> bool:
     empty answer equals nothing. Numeric answers must also agree to ``NUMERIC_REL_TOL``
     (relative). Safe to call from any thread (no timeout off the main thread).
     """
-    g = _normalize(gold)
-    p = _normalize(pred)
+    g = normalize_answer(gold)
+    p = normalize_answer(pred)
     if not g or not p:
         return False
     if g == p:
@@ -439,96 +432,3 @@ def grade(gold: str, completion: str) -> tuple[str | None, bool]:
     if pred is None:
         return None, False
     return pred, is_equivalent(gold, pred)
-
-
-# ---------------------------------------------------------------------------------------
-# Voting
-# ---------------------------------------------------------------------------------------
-
-
-class VoteBin(NamedTuple):
-    """One bin of equivalent answers: its first-seen representative, summed weight, count."""
-
-    representative: str
-    weight: float
-    count: int
-
-
-class VoteBins:
-    """Weighted votes pooled over bins of math-verify-equivalent answers.
-
-    An added answer joins the first bin whose representative (the bin's first answer) is
-    equivalent to it (``is_equivalent(representative, answer)``), else opens a new bin.
-    """
-
-    def __init__(self, answers: Iterable[str] = (), weights: Iterable[float] | None = None):
-        self._reps: list[str] = []
-        self._weights: list[float] = []
-        self._counts: list[int] = []
-        answers = list(answers)
-        ws = [1.0] * len(answers) if weights is None else list(weights)
-        if len(ws) != len(answers):
-            raise ValueError(f"{len(answers)} answers but {len(ws)} weights")
-        for a, w in zip(answers, ws, strict=True):
-            self.add(a, w)
-
-    def add(self, answer: str, weight: float = 1.0) -> int:
-        """Add one vote; returns the index of the bin it landed in."""
-        weight = float(weight)
-        if math.isnan(weight):
-            raise ValueError("vote weight is NaN")
-        idx = self._find(answer)
-        if idx is None:
-            self._reps.append(answer)
-            self._weights.append(weight)
-            self._counts.append(1)
-            return len(self._reps) - 1
-        self._weights[idx] += weight
-        self._counts[idx] += 1
-        return idx
-
-    def _find(self, answer: str) -> int | None:
-        norm = _normalize(answer)
-        for i, rep in enumerate(self._reps):  # cheap exact pass first
-            if _normalize(rep) == norm:
-                return i
-        for i, rep in enumerate(self._reps):
-            if is_equivalent(rep, answer):
-                return i
-        return None
-
-    def winner(self) -> str | None:
-        """Representative of the heaviest bin (first seen wins ties); None when empty."""
-        if not self._reps:
-            return None
-        best = max(range(len(self._reps)), key=lambda i: (self._weights[i], -i))
-        return self._reps[best]
-
-    def bins(self) -> list[VoteBin]:
-        """All bins in first-seen order."""
-        return [VoteBin(*t) for t in zip(self._reps, self._weights, self._counts, strict=True)]
-
-    @property
-    def total_weight(self) -> float:
-        return math.fsum(self._weights)
-
-    def __len__(self) -> int:
-        return len(self._reps)
-
-
-def majority_vote(
-    answers: Iterable[str | None], weights: Iterable[float] | None = None
-) -> str | None:
-    """Winner of a (weighted) vote over equivalence bins; None answers are skipped.
-
-    Returns None when there is no answer to vote on.
-    """
-    answers = list(answers)
-    ws = [1.0] * len(answers) if weights is None else list(weights)
-    if len(ws) != len(answers):
-        raise ValueError(f"{len(answers)} answers but {len(ws)} weights")
-    bins = VoteBins()
-    for a, w in zip(answers, ws, strict=True):
-        if a is not None and a.strip():
-            bins.add(a, w)
-    return bins.winner()

@@ -36,6 +36,10 @@ after every step and acts before vLLM has to preempt:
 
 Trace sizes in blocks are estimated from the prompt and the mean length of the traces
 completed so far in the run (``max_tokens / 2`` before the first).
+
+Why one file of ~500 lines: it is one class, the step loop, and its parts (admission,
+events, actions, memory) share that loop's per-step state; split apart they would pass it
+back and forth.
 """
 
 from __future__ import annotations

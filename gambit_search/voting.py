@@ -1,4 +1,4 @@
-"""Vote rules over a question's completed traces (equivalence bins, ``grading.VoteBins``).
+"""Vote rules over a question's completed traces (equivalence bins, ``gambit_core.vote_bins.VoteBins``).
 
 * ``plain``: one vote per completed trace with an answer.
 * ``weighted``: each vote weighs the trace's final trace score (Gambit, STEP). A trace that
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gambit_core.grading import VoteBins
+from gambit_core.vote_bins import VoteBins
 
 __all__ = ["RULES", "vote", "vote_table"]
 

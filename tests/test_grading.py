@@ -14,14 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gambit_core.grading import (
-    VoteBins,
     extract_boxed,
     extract_choice,
     grade,
     is_equivalent,
-    majority_vote,
     parse_answer,
 )
+from gambit_core.vote_bins import VoteBins, majority_vote
 
 BENCH_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 
