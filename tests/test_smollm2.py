@@ -166,8 +166,8 @@ def test_smollm2_tiny_harvest(tmp_path):
     qs = _questions(2)
     qfile.write_text("".join(json.dumps({"question": q, "answer": "0"}) + "\n" for q in qs))
     s = harvest(HarvestConfig(out=str(tmp_path / "h"), model=str(d), dataset=str(qfile), n=2,
-                              max_tokens=32, temperature=0.8, max_concurrency=4,
-                              kv_cache_gib=0.25, questions_per_shard=2))
+                              max_tokens=32, temperature=0.8, max_live=4,
+                              kv_cache=0.25, questions_per_shard=2))
     assert s["traces"] == 4
     files = sorted((tmp_path / "h").rglob("*.parquet"))
     assert files
