@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -71,7 +72,7 @@ from gambit_search.policy import (
 )
 from gambit_search.voting import vote, vote_table
 
-__all__ = ["Driver", "DriverConfig", "QuestionLike", "trace_seed"]
+__all__ = ["Driver", "DriverConfig", "Intake", "Job", "QuestionLike", "trace_seed"]
 
 
 class QuestionLike:
@@ -114,6 +115,72 @@ class DriverConfig:
     """Forget engine traces as they end (False keeps them readable: tests recount tokens)."""
     vote_rule: str | None = None
     """Vote rule of the reported answer; None: the method's own."""
+    keep_texts: bool = False
+    """Return every completed trace's text in the result (``texts``: {node: text}); a
+    server answers with the best voter's."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """A question with its own method, sampling and vote rule (gambit-serve: one per
+    request); a plain question runs with the driver's."""
+
+    question: Any
+    """The question (``id``, ``question``, ``answer``)."""
+    bound: BoundMethod
+    """Its method, parameters and budget."""
+    spec: SamplingSpec
+    """How its traces sample."""
+    rule: str | None = None
+    """Vote rule of its answer (None: the driver's, else the method's)."""
+    prompt: tuple[int, ...] | None = None
+    """Its prompt token ids (None: ``Driver.prompt_ids(question)``)."""
+
+
+class Intake:
+    """Questions arriving while the driver runs (:meth:`Driver.serve`), and cancellations.
+    Thread-safe: a server's request handlers :meth:`put` and :meth:`cancel`, the driver's
+    thread takes."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self._q: Any = queue.SimpleQueue()
+        self._cancel: set[str] = set()
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def put(self, job: Any) -> None:
+        """Queue a question or :class:`Job` (ids must be unique among those in flight)."""
+        self._q.put(job)
+
+    def cancel(self, qid: str) -> None:
+        """Stop question ``qid``: its traces are aborted and it ends with error "cancelled"."""
+        with self._lock:
+            self._cancel.add(str(qid))
+
+    def close(self) -> None:
+        """No more questions: :meth:`Driver.serve` returns once those in flight are done."""
+        self.closed = True
+        self._q.put(None)
+
+    def take(self, block: bool) -> list[Any]:
+        """Every queued item (waiting up to 50 ms for one when ``block``)."""
+        import queue
+
+        out = []
+        try:
+            out.append(self._q.get(timeout=0.05) if block else self._q.get_nowait())
+            while True:
+                out.append(self._q.get_nowait())
+        except queue.Empty:
+            pass
+        return [x for x in out if x is not None]
+
+    def cancelled(self) -> set[str]:
+        with self._lock:
+            out, self._cancel = self._cancel, set()
+        return out
 
 
 @dataclass
@@ -124,6 +191,10 @@ class _Q:
     policy: Any
     prompt: list[int]
     t0: float
+    bound: Any = None
+    spec: Any = None
+    rule: str | None = None
+    texts: dict[int, str] | None = None  # completed node -> its text (keep_texts)
     trace_of: dict[int, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     slots: int = 0
@@ -142,7 +213,7 @@ class Driver:
         method = bound.method
         self.engine, self.bound, self.method = engine, bound, method
         self.prompt_ids, self.decode, self.spec = prompt_ids, decode, spec
-        self.scorer = scorer if method.scores_traces else None
+        self.scorer = scorer
         self.cfg = config or DriverConfig()
         self.answer_of = answer_of
         if method.needs_scorer and scorer is None:
@@ -172,28 +243,59 @@ class Driver:
         self.preemptions = 0
         """vLLM preemptions since the run's first memory read (as of the last read)."""
         self._unscored: list = []  # boundary events waiting for the next batched forward
+        self._memory_users = 0  # questions in flight whose method acts on memory
         self._t_start = time.perf_counter()
+
+    @property
+    def uses_memory(self) -> bool:
+        """Whether memory is read and acted on now: the default method's, or any question's
+        in flight."""
+        return self.method.uses_memory or self._memory_users > 0
 
     # -- public ----------------------------------------------------------------------------------
     def run(self, questions: Sequence[Any]) -> Iterator[dict]:
-        """Solve ``questions``; yields each question's result dict as it finishes."""
+        """Solve ``questions`` (questions or :class:`Job` s); yields each result dict as its
+        question finishes."""
+        return self._loop(deque(questions), None)
+
+    def serve(self, intake: Intake) -> Iterator[dict]:
+        """Solve questions as they arrive in ``intake`` until it is closed and they are done;
+        yields each result as it finishes (a cancelled one with error "cancelled")."""
+        return self._loop(deque(), intake)
+
+    def _loop(self, pending: deque, intake: Intake | None) -> Iterator[dict]:
         t_start = self._t_start = time.perf_counter()
-        pending = deque(questions)
         active: dict[str, _Q] = {}
-        if self.method.uses_memory and self._can_read_memory:
+        if self.uses_memory and self._can_read_memory:
             self._read_memory()
-        while pending or active:
+        while True:
+            if intake is not None:
+                pending.extend(intake.take(block=not pending and not active and not intake.closed))
+                for key in intake.cancelled():
+                    gone = [j for j in pending if str(_question(j).id) == key]
+                    for j in gone:
+                        pending.remove(j)
+                        yield self._failed(_question(j), "cancelled")
+                    st = active.pop(key, None)
+                    if st is not None:
+                        if not st.policy.done:
+                            self._apply(st, st.policy.stop())
+                        yield self._finish(st, error="cancelled")
+            if not pending and not active:
+                if intake is None or intake.closed:
+                    break
+                continue
             t0 = time.perf_counter()
-            while pending and (not active or self._live_slots + self.bound.slots
-                               <= self.cfg.max_live) and (not active or self._kv_admits()):
+            while pending and (not active or self._live_slots + _bound_of(pending[0], self.bound).slots
+                               <= self.cfg.max_live) and (not active or self._kv_admits(pending[0])):
                 q = pending.popleft()
                 st = self._admit(q)
                 if st is None:
-                    yield self._failed(q, "empty question")
+                    yield self._failed(_question(q), "empty question")
                     continue
-                active[str(q.id)] = st
+                active[str(st.q.id)] = st
                 if st.policy.done:  # every spawn failed at once
-                    yield self._finish(active.pop(str(q.id)))
+                    yield self._finish(active.pop(str(st.q.id)))
             self.timing["other_s"] += time.perf_counter() - t0
             if not active:
                 continue
@@ -216,7 +318,7 @@ class Driver:
             self.timing["engine_s"] += t1 - t0
             self.timing["steps"] += 1
             self._on_step(out, active)
-            every = (self.cfg.memory_every if self.method.uses_memory
+            every = (self.cfg.memory_every if self.uses_memory
                      else self.cfg.log_every if self.cfg.log_memory else 0)
             if every and self._can_read_memory and self.timing["steps"] % every == 0:
                 self._memory(active)
@@ -227,19 +329,27 @@ class Driver:
         self.timing["wall_s"] += time.perf_counter() - t_start
 
     # -- admission -------------------------------------------------------------------------------
-    def _admit(self, q: Any) -> _Q | None:
+    def _admit(self, item: Any) -> _Q | None:
+        q = _question(item)
         if not str(q.question).strip():
             return None
-        prompt = list(self.prompt_ids(q))
+        job = item if isinstance(item, Job) else None
+        prompt = list(job.prompt) if job is not None and job.prompt is not None \
+            else list(self.prompt_ids(q))
         if not prompt:
             return None
-        policy = self.bound.policy(self.ctx)
-        st = _Q(q, policy, prompt, time.perf_counter(), slots=self.bound.slots)
+        bound = job.bound if job is not None else self.bound
+        policy = bound.policy(self.ctx)
+        st = _Q(q, policy, prompt, time.perf_counter(), bound=bound,
+                spec=job.spec if job is not None else self.spec,
+                rule=job.rule if job is not None else None,
+                texts={} if self.cfg.keep_texts else None, slots=bound.slots)
         self._live_slots += st.slots
+        self._memory_users += bound.method.uses_memory
         self._prompt_len[0] += len(prompt)
         self._prompt_len[1] += 1
         limit = None
-        if (self.method.uses_memory and self._snap is not None
+        if (bound.method.uses_memory and self._snap is not None
                 and "limit" in inspect.signature(policy.start).parameters):
             per = self._trace_blocks(len(prompt))
             limit = max(1, (self._snap.free_blocks - self._reserved) // per)
@@ -264,7 +374,7 @@ class Driver:
             steps = self.timing["steps"]
             due = (steps % self.cfg.score_every == 0
                    or any(d.finish_reason is not None for d in out.deltas)
-                   or (self.method.uses_memory and steps % self.cfg.memory_every == 0))
+                   or (self.uses_memory and steps % self.cfg.memory_every == 0))
             if self._unscored and due:
                 self._score(per_q)
         t0 = time.perf_counter()
@@ -330,7 +440,10 @@ class Driver:
         lineage = list(info.prompt_ids[len(st.prompt):]) + list(info.output_ids)
         self._done_len[0] += len(lineage)
         self._done_len[1] += 1
-        return Finished(node, d.finish_reason, answer=self.answer_of(self.decode(lineage)))
+        text = self.decode(lineage)
+        if st.texts is not None:
+            st.texts[node] = text
+        return Finished(node, d.finish_reason, answer=self.answer_of(text))
 
     # -- actions ---------------------------------------------------------------------------------
     def _apply(self, st: _Q, actions: list) -> None:
@@ -338,7 +451,7 @@ class Driver:
         qid = str(st.q.id)
         for a in actions:
             if isinstance(a, Spawn):
-                t = eng.add_trace(st.prompt, self.spec, seed=trace_seed(self.cfg.seed, qid, a.node))
+                t = eng.add_trace(st.prompt, st.spec, seed=trace_seed(self.cfg.seed, qid, a.node))
                 self._bind(st, a.node, t, None)
                 self._seq_len[t] = len(st.prompt)
                 self._reserved += self._trace_blocks(len(st.prompt))
@@ -371,7 +484,7 @@ class Driver:
     def _bind(self, st: _Q, node: int, trace: int, parent_trace: int | None) -> None:
         st.trace_of[node] = trace
         self._owner[trace] = (st, node)
-        if self.scorer is not None:
+        if self.scorer is not None and st.bound.method.scores_traces:
             self.scorer.add(trace, parent_trace if parent_trace in self.scorer else None)
 
     def _kill(self, st: _Q, node: int) -> None:
@@ -388,7 +501,7 @@ class Driver:
         del self._owner[t]
         self._seq_len.pop(t, None)
         self._evicted.discard(t)
-        if self.scorer is not None:
+        if self.scorer is not None and t in self.scorer:
             self.scorer.drop(t)
         if self.cfg.release:
             info = self.engine.trace_info(t)
@@ -421,12 +534,13 @@ class Driver:
         self.preemptions = snap.num_preemptions - self._preempt0
         return snap
 
-    def _kv_admits(self) -> bool:
+    def _kv_admits(self, item: Any) -> bool:
         """Whether the free KV holds half the slots of one more question (memory methods)."""
-        if not self.method.uses_memory or self._snap is None:
+        bound = _bound_of(item, self.bound)
+        if not bound.method.uses_memory or self._snap is None:
             return True
         per = self._trace_blocks(max(1, self._mean_prompt()))
-        want = max(1, self.bound.slots // 2)
+        want = max(1, bound.slots // 2)
         return (self._snap.free_blocks - self._reserved) // per >= want
 
     def _mean_prompt(self) -> int:
@@ -440,12 +554,13 @@ class Driver:
             return
         self.trace_log.append((round(t0 - self._t_start, 4), snap.num_running,
                                snap.num_waiting, round(snap.kv_usage, 4)))
-        if not self.method.uses_memory:
+        if not self.uses_memory:
             self.timing["memory_s"] += time.perf_counter() - t0
             return
         preempted = snap.num_preemptions - self._last_preempt
         self._last_preempt = snap.num_preemptions
-        live = [st for st in active.values() if not st.policy.done]
+        live = [st for st in active.values()
+                if not st.policy.done and st.bound.method.uses_memory]
         total, bs = snap.total_blocks, max(1, snap.block_size)
         reserve = math.ceil((1 - self.cfg.evict_above) * total) + self._blocks_needed_soon(bs)
         short = reserve - snap.free_blocks
@@ -476,14 +591,15 @@ class Driver:
         self.timing["memory_s"] += time.perf_counter() - t0
 
     # -- results ---------------------------------------------------------------------------------
-    def _finish(self, st: _Q) -> dict:
+    def _finish(self, st: _Q, error: str | None = None) -> dict:
         self._live_slots -= st.slots
+        self._memory_users -= st.bound.method.uses_memory
         for node in list(st.trace_of):
             self._kill(st, node)
         p = st.policy
         votes = p.votes()
         gold = st.q.answer or None
-        rule = self.cfg.vote_rule or self.method.vote
+        rule = st.rule or self.cfg.vote_rule or st.bound.method.vote
         answers = {r: vote(votes, r) for r in ("weighted", "plain", "top1")}
 
         def ok(a: str | None) -> bool | None:
@@ -495,12 +611,13 @@ class Driver:
         tree = p.tree()
         lineages = [n["inherited"] + n["generated"] for n in tree if n["state"] == "completed"]
         stats["max_lineage"] = max(lineages, default=0)
-        error = None
-        if not votes:
+        if error is not None:
+            pass
+        elif not votes:
             error = ("all traces errored: " + st.errors[0]) if st.errors else "no trace completed"
         return {
             "id": str(st.q.id), "question": st.q.question, "gold": gold,
-            "method": self.method.name, "rule": rule, "answer": answers[rule],
+            "method": st.bound.method.name, "rule": rule, "answer": answers[rule],
             "correct": ok(answers[rule]),
             "answer_weighted": answers["weighted"], "correct_weighted": ok(answers["weighted"]),
             "answer_plain": answers["plain"], "correct_plain": ok(answers["plain"]),
@@ -509,9 +626,18 @@ class Driver:
             "wall_s": round(time.perf_counter() - st.t0, 3), "tree_stats": stats,
             "error": error, "prefix_cache": dict(st.cache), "tree": tree,
             "rounds": getattr(p, "round_log", []),
+            **({"texts": dict(st.texts)} if st.texts is not None else {}),
         }
 
 
 def mean(xs: Sequence[float]) -> float:
     """Mean (NaN for none)."""
     return sum(xs) / len(xs) if xs else math.nan
+
+
+def _question(item: Any) -> Any:
+    return item.question if isinstance(item, Job) else item
+
+
+def _bound_of(item: Any, default: BoundMethod) -> BoundMethod:
+    return item.bound if isinstance(item, Job) else default
