@@ -244,6 +244,9 @@ class Driver:
         """vLLM preemptions since the run's first memory read (as of the last read)."""
         self._unscored: list = []  # boundary events waiting for the next batched forward
         self._memory_users = 0  # questions in flight whose method acts on memory
+        self.on_step: Callable[[dict], None] | None = None
+        """Called after every engine step with the questions in flight ({id: state}; read
+        only): a server's admission timeouts and progress events."""
         self._t_start = time.perf_counter()
 
     @property
@@ -322,6 +325,8 @@ class Driver:
                      else self.cfg.log_every if self.cfg.log_memory else 0)
             if every and self._can_read_memory and self.timing["steps"] % every == 0:
                 self._memory(active)
+            if self.on_step is not None:
+                self.on_step(active)
             t0 = time.perf_counter()
             for key in [k for k, st in active.items() if st.policy.done]:
                 yield self._finish(active.pop(key))
