@@ -131,3 +131,21 @@ def test_parse_sets_and_wilson():
     lo, hi = wilson(50, 100)
     assert lo == pytest.approx(0.404, abs=1e-3) and hi == pytest.approx(0.596, abs=1e-3)
     assert wilson(0, 10)[0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_flag_given_at_its_default_value_wins_over_the_config_file(tmp_path):
+    """OmegaConf's order: defaults < file < the flags given (even one given at its default,
+    which the old merge let the file override)."""
+    from gambit_search.bench import load_config
+
+    f = tmp_path / "b.yaml"
+    f.write_text("n: 16\nseeds: [0, 1]\nkv_cache: 0.02\nset:\n  gambit: {swap: 4}\n")
+    base = BenchConfig(out=str(tmp_path / "o"), config=str(f))
+    cfg, sets = load_config(base, {"gambit": {"interval": 8}}, given={"n"})  # --n 32 given
+    assert cfg.n == 32 and cfg.seeds == "0,1" and cfg.kv_cache == 0.02
+    assert sets == {"gambit": {"swap": 4, "interval": 8}}
+    cfg, _ = load_config(base, {}, given=set())  # nothing given: the file's
+    assert cfg.n == 16
+    f.write_text("n: lots\n")
+    with pytest.raises(BenchInputError, match="n"):
+        load_config(base, {}, given=set())
