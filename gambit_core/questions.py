@@ -156,11 +156,21 @@ class GeneratedSource:
 
 @functools.cache
 def generated_sources() -> dict[str, GeneratedSource]:
-    """{name: source} of every installed ``gambit.datasets`` entry point."""
-    from importlib.metadata import entry_points
+    """{name: source} of every installed ``gambit.datasets`` entry point (run from a source
+    tree that is not installed, the ones its ``pyproject.toml`` declares)."""
+    from importlib.metadata import EntryPoint, entry_points
 
+    eps = list(entry_points(group="gambit.datasets"))
+    if not eps:  # a source tree on PYTHONPATH, not installed: its pyproject.toml declares them
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        if pyproject.is_file():
+            decl = tomllib.loads(pyproject.read_text()).get("project", {}).get(
+                "entry-points", {}).get("gambit.datasets", {})
+            eps = [EntryPoint(name, value, "gambit.datasets") for name, value in decl.items()]
     out = {}
-    for ep in entry_points(group="gambit.datasets"):
+    for ep in eps:
         src = ep.load()
         out[src.name] = src
     return out

@@ -34,6 +34,11 @@ after every step and acts before vLLM has to preempt:
   free KV holds (``policy.start(limit)``), and a second question is admitted only while
   the free KV holds at least half its slots.
 
+Recorder (optional, off by default): ``Driver(..., recorder=r)`` hands ``r`` what the
+engine delivers for each trace, on the driver's thread, in each step before the policies
+see it (gambit-harvest collects its rows this way; see :class:`Recorder`). Without one the
+driver does exactly the same as before.
+
 Trace sizes in blocks are estimated from the prompt and the mean length of the traces
 completed so far in the run (``max_tokens / 2`` before the first).
 
@@ -72,7 +77,7 @@ from gambit_search.policy import (
 )
 from gambit_search.voting import vote, vote_table
 
-__all__ = ["Driver", "DriverConfig", "Intake", "Job", "QuestionLike", "trace_seed"]
+__all__ = ["Driver", "DriverConfig", "Intake", "Job", "QuestionLike", "Recorder", "trace_seed"]
 
 
 class QuestionLike:
@@ -81,6 +86,33 @@ class QuestionLike:
     id: str
     question: str
     answer: str
+
+
+class Recorder:
+    """What a driver's ``recorder`` is called with (duck-typed: any object with these three
+    methods). Every call is on the driver's thread, inside one engine step, for traces the
+    driver owns (``qid``: ``str(question.id)``, ``node``: the policy's node id; for SC node
+    ``i`` is the question's i-th spawned trace, seeded ``trace_seed(seed, qid, i)``).
+
+    Per step: first :meth:`on_boundary` for each of the step's boundaries, then for each
+    delta :meth:`on_delta`, and right after a finishing delta :meth:`on_trace_end`. The
+    engine trace is still readable in all three (``engine.trace_info``,
+    ``engine.sampled_logprobs``): it is released only after the policy has seen the step.
+    Engine contract: a trace's boundary states arrive no later than the step carrying its
+    finishing delta, or never (a boundary right before the stop). A trace the driver aborts
+    (prune, stop, cancel) gets no :meth:`on_trace_end`. Keep the calls cheap: they run on
+    the hot path."""
+
+    def on_boundary(self, qid: str, node: int, b: Any) -> None:
+        """A boundary state (:class:`~gambit_search.engine.BoundaryEvent`) of a trace."""
+
+    def on_delta(self, qid: str, node: int, d: Any) -> None:
+        """A trace's new tokens (:class:`~gambit_search.engine.Delta`, also the finishing one)."""
+
+    def on_trace_end(self, qid: str, node: int, trace: int, finish_reason: str,
+                     error: str | None, text: str | None) -> None:
+        """The trace finished ("stop", "length" or "error"); ``text``: the driver's decode of
+        its lineage (None for an error)."""
 
 
 @dataclass(frozen=True)
@@ -209,8 +241,11 @@ class Driver:
     def __init__(self, engine: Engine, bound: BoundMethod, *,
                  prompt_ids: Callable[[Any], list[int]], decode: Callable[[Sequence[int]], str],
                  spec: SamplingSpec, scorer: Any = None, config: DriverConfig | None = None,
-                 answer_of: Callable[[str], str | None] = extract_boxed) -> None:
+                 answer_of: Callable[[str], str | None] = extract_boxed,
+                 recorder: Any = None) -> None:
         method = bound.method
+        self.recorder = recorder
+        """A :class:`Recorder`, or None (the default: nothing recorded)."""
         self.engine, self.bound, self.method = engine, bound, method
         self.prompt_ids, self.decode, self.spec = prompt_ids, decode, spec
         self.scorer = scorer
@@ -244,6 +279,7 @@ class Driver:
         """vLLM preemptions since the run's first memory read (as of the last read)."""
         self._unscored: list = []  # boundary events waiting for the next batched forward
         self._memory_users = 0  # questions in flight whose method acts on memory
+        self._last_text: str | None = None  # the last _finished_event's text (recorder)
         self.on_step: Callable[[dict], None] | None = None
         """Called after every engine step with the questions in flight ({id: state}; read
         only): a server's admission timeouts and progress events."""
@@ -344,6 +380,8 @@ class Driver:
         if not prompt:
             return None
         bound = job.bound if job is not None else self.bound
+        if bound.method.uses_memory and self._snap is None and self._can_read_memory:
+            self._read_memory()  # the first memory-using question of a mixed run (a server)
         policy = bound.policy(self.ctx)
         st = _Q(q, policy, prompt, time.perf_counter(), bound=bound,
                 spec=job.spec if job is not None else self.spec,
@@ -374,6 +412,12 @@ class Driver:
         # 1. boundaries -> one batched scorer forward -> Scored events, every `score_every`
         #    steps, and at once in a step where a trace finishes or memory is read (so votes
         #    and evictions see every score)
+        rec = self.recorder
+        if rec is not None:
+            for b in out.boundaries:
+                own = self._owner.get(b.trace)
+                if own is not None:
+                    rec.on_boundary(str(own[0].q.id), own[1], b)
         if self.scorer is not None:
             self._unscored.extend(b for b in out.boundaries if b.trace in self._owner)
             steps = self.timing["steps"]
@@ -392,6 +436,8 @@ class Driver:
                 continue
             st, node = own
             key = str(st.q.id)
+            if rec is not None:
+                rec.on_delta(key, node, d)
             if d.num_cached_tokens is not None and node in st.fork_prompt:
                 st.cache["forks"] += 1
                 st.cache["prompt_tokens"] += st.fork_prompt.pop(node)
@@ -402,7 +448,11 @@ class Driver:
                 if d.trace in self._seq_len:
                     self._seq_len[d.trace] += len(d.token_ids)
             if d.finish_reason is not None:
-                finished.setdefault(key, []).append(self._finished_event(st, node, d))
+                ev = self._finished_event(st, node, d)
+                finished.setdefault(key, []).append(ev)
+                if rec is not None:
+                    rec.on_trace_end(key, node, d.trace, d.finish_reason, d.error,
+                                     None if d.finish_reason == "error" else self._last_text)
         for key in set(per_q) | set(finished) | set(progress):
             st = active.get(key)
             if st is None:
@@ -445,7 +495,7 @@ class Driver:
         lineage = list(info.prompt_ids[len(st.prompt):]) + list(info.output_ids)
         self._done_len[0] += len(lineage)
         self._done_len[1] += 1
-        text = self.decode(lineage)
+        text = self._last_text = self.decode(lineage)
         if st.texts is not None:
             st.texts[node] = text
         return Finished(node, d.finish_reason, answer=self.answer_of(text))

@@ -16,6 +16,8 @@
 #   bash scripts/gpu_run.sh bench-engine      # adapter vs plain LLM.generate
 #   bash scripts/gpu_run.sh bench-harvest     # harvest vs plain generate
 #   bash scripts/gpu_run.sh bench-solve       # gambit-solve's loop vs SC
+#   bash scripts/gpu_run.sh bench-serve 2     # gambit-serve under load (after `serve-wheels`
+#                                             # here and `unpack-serve` there)
 #   bash scripts/gpu_run.sh bench-tables 540 toy=benchmarks/toy_table.yaml:0.04 ...
 #                                             # toy tables in parallel (fp32 there: 2x the CPU's GiB)
 # With SmolLM2-135M-Instruct too: `bundle smol` adds its GGUF (converted on the device by
@@ -165,6 +167,36 @@ EOF
       grep "^|" "/tmp/tables/$NAME.log" | tail -6 || grep -v "INFO\|WARNING" "/tmp/tables/$NAME.log" | tail -4
       find "/tmp/tables/$NAME" -name results.jsonl | xargs -r wc -l
     done ;;
+  serve-wheels)  # here: the pure-Python wheels gambit-serve and its benchmark client need
+    # beyond the kit (uvicorn, prometheus-client, the openai client's httpx stack): ~5 MB,
+    # carried as .vllmcarry/serve.tar with any later command, unpacked by unpack-serve
+    W=$(mktemp -d)
+    # with their dependencies resolved for the H200's Python (unpack-serve takes only the
+    # modules it lacks there)
+    python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux_2_28_x86_64 -d "$W" openai==3.57.0 uvicorn==0.55.0 \
+      prometheus-client==0.26.0 annotated-doc==0.0.7 distro==1.9.0
+    tar -C "$W" -cf .vllmcarry/serve.tar . && rm -rf "$W" && ls -l .vllmcarry/serve.tar ;;
+  unpack-serve)
+    gpu_env
+    mkdir -p /tmp/servewheels && tar -C /tmp/servewheels -xf .vllmcarry/serve.tar
+    $PY - <<'EOF2'
+import glob, importlib.util as u, os, zipfile
+names = {"prometheus_client": "prometheus_client", "annotated_doc": "annotated_doc"}
+for w in sorted(glob.glob("/tmp/servewheels/*.whl")):
+    dist = w.split("/")[-1].split("-")[0]
+    if u.find_spec(names.get(dist, dist)) is None:
+        zipfile.ZipFile(w).extractall(os.environ["SITE"])
+        print("unpacked", dist)
+EOF2
+    ;;
+  bench-serve)  # gambit-serve under load on the GPU, and its overhead against gambit-solve
+    gpu_env
+    rc=0
+    $PY benchmarks/serve_bench.py --kv-cache "${2:-2}" --json "$OUT/serve_bench.json" \
+      > "$OUT/serve_bench.log" 2>&1 || rc=$?
+    grep -v "INFO\|WARNING" "$OUT/serve_bench.log" | tail -30; exit $rc ;;
   *)
     sed -n 2,20p "$0"; exit 2 ;;
 esac

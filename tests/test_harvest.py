@@ -119,6 +119,70 @@ def test_kill_9_then_rerun_finishes_every_question_exactly_once(tmp_path):
     assert rows == _rows(tmp_path / "clean")
 
 
+def test_harvest_rows_are_the_drivers_sc_traces(tmp_path):
+    """One engine loop: the harvest's rows are the traces gambit-solve's driver samples with
+    ``sc`` for the same seed (trace i = node i), recorded through the driver's recorder hook."""
+    from gambit_core.questions import load_questions
+    from gambit_search.driver import Driver, DriverConfig
+    from gambit_search.engine import SamplingSpec
+    from gambit_search.engines import EngineSettings, get_engine_kind
+    from gambit_search.methods import get_method
+
+    c = cfg(tmp_path / "h", dataset="toy:train:5", n=3, questions_per_shard=2, seed=7)
+    harvest(c)
+    kind = get_engine_kind("fake")
+    eng = kind.start(EngineSettings(model="fake", max_live=c.max_live, seed=c.seed, kv_cache=1.0))
+    prompt = kind.prompt_ids(None)
+    drv = Driver(eng, get_method("sc").bind(n=3), prompt_ids=lambda q: prompt(q.question),
+                 decode=eng.decode, spec=SamplingSpec(temperature=c.temperature, top_p=c.top_p,
+                                                      top_k=c.top_k, max_tokens=c.max_tokens),
+                 config=DriverConfig(seed=c.seed, keep_texts=True))
+    texts = {(r["id"], node): t for r in drv.run(load_questions("toy:train:5")) for node, t in r["texts"].items()}
+    rows = {(t.question_id, t.trace_index): t.text for t in iter_traces(tmp_path / "h")}
+    assert len(rows) == 15 and rows == texts
+
+
+def test_driver_recorder_sees_every_trace_before_release():
+    """The recorder protocol: boundaries and deltas of owned traces, then one end per trace,
+    while the engine trace is still readable; the results are those of a driver without one."""
+    from gambit_core.questions import Question
+    from gambit_search.driver import Driver
+    from gambit_search.engine import SamplingSpec
+    from gambit_search.fake_engine import FakeEngine
+    from gambit_search.methods import get_method
+
+    class Rec:
+        def __init__(self, eng):
+            self.eng, self.ids, self.bounds, self.ends = eng, {}, {}, {}
+
+        def on_boundary(self, qid, node, b):
+            self.bounds.setdefault((qid, node), []).append(b.output_index)
+
+        def on_delta(self, qid, node, d):
+            self.ids.setdefault((qid, node), []).extend(d.token_ids)
+
+        def on_trace_end(self, qid, node, trace, finish_reason, error, text):
+            assert (qid, node) not in self.ends
+            info = self.eng.trace_info(trace)  # not yet released
+            self.ends[(qid, node)] = (list(info.output_ids), text, len(self.eng.sampled_logprobs(trace)))
+
+    def go(with_rec):
+        eng = FakeEngine()
+        rec = Rec(eng) if with_rec else None
+        drv = Driver(eng, get_method("sc").bind(n=3), prompt_ids=lambda q: [1, 5, 6], decode=eng.decode,
+                     spec=SamplingSpec(max_tokens=40), recorder=rec)
+        res = list(drv.run([Question("a", "x", "1", "t"), Question("b", "y", "1", "t")]))
+        return eng, rec, [{k: v for k, v in r.items() if k != "wall_s"} for r in res]
+
+    eng, rec, with_res = go(True)
+    _, _, plain = go(False)
+    assert with_res == plain
+    assert sorted(rec.ends) == [(q, i) for q in "ab" for i in range(3)]
+    for key, (ids, text, n_lps) in rec.ends.items():
+        assert rec.ids[key] == ids and text == eng.decode(ids) and n_lps == len(ids)
+        assert all(ids[j] == 4 for j in rec.bounds.get(key, []))
+
+
 @pytest.mark.slow
 def test_harvest_on_the_real_engine(tmp_path, engine, toy_hf_model, toy_tokenizer):
     """The shipped toy policy through vLLM: graded rows with real boundary states and

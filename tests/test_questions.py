@@ -247,3 +247,19 @@ def test_the_toy_world_is_registered_through_entry_points() -> None:
     assert srcs["toy"].splits == SPLITS and srcs["toy-hard"].splits == HARD_SPLITS
     with pytest.raises(DatasetError, match="unknown dataset source 'toyz'.*toy, toy-hard"):
         load_questions("toyz:test:3")
+
+
+def test_a_source_tree_that_is_not_installed_reads_its_entry_points_from_pyproject(monkeypatch):
+    """On PYTHONPATH without `pip install` (the GPU script runs so) there is no installed
+    metadata: the sources come from the repo's pyproject.toml instead."""
+    import importlib.metadata
+
+    import gambit_core.questions as qm
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: [])
+    qm.generated_sources.cache_clear()
+    try:
+        assert set(qm.generated_sources()) == {"toy", "toy-hard"}
+        assert len(load_questions("toy:test:3")) == 3
+    finally:
+        qm.generated_sources.cache_clear()

@@ -111,7 +111,7 @@ def test_stream_sends_progress_then_the_message_and_done(server):
 
 @pytest.mark.parametrize("body, status, fragment", [
     ({"gambit": {"method": "nope"}}, 400, "unknown method 'nope'"),
-    ({"gambit": {"n": 0}}, 400, "--n must be >= 1"),
+    ({"gambit": {"n": 0}}, 400, "gambit.n must be >= 1"),
     ({"gambit": {"method": "sc", "swap": 2}}, 400, "unknown parameters ['swap']"),
     ({"gambit": {"rule": "best"}}, 400, "gambit.rule must be one of"),
     ({"max_tokens": 100000}, 400, "exceeds the model's context"),

@@ -86,6 +86,8 @@ def make_job(state: AppState, question: str, req: Any, qid: str) -> Any:
                          f" (known: {', '.join(sorted(known)) or 'none'})")
     flat = {k: v for k, v in d.items() if k in known} | extra
     n = g.n if g.n is not None else d["n"]
+    if int(n) < 1:
+        raise InputError(f"gambit.n must be >= 1, got {n}")
     bound = method.bind(params_from_flat(method, flat), int(n))
     if method.needs_scorer and state.scorer is None:
         raise InputError(f"method {method.name!r} needs a scorer: the server runs without one")
@@ -249,8 +251,14 @@ def build_app(state: AppState) -> Any:
                     return
             try:
                 result = fut.result()
-            except (NotAdmitted, RuntimeError) as e:
-                yield f"data: {json.dumps(error_body(str(e), type_='server_error', code=503))}\n\n"
+            except NotAdmitted as e:
+                yield f"data: {json.dumps(error_body(str(e), type_='server_overloaded', code=503))}\n\n"
+                return
+            except RuntimeError as e:
+                yield f"data: {json.dumps(error_body(str(e), type_='server_error', code=500))}\n\n"
+                return
+            if result.get("error"):
+                yield f"data: {json.dumps(error_body(result['error'], type_='server_error', code=500))}\n\n"
                 return
             body = response_body(state, result, prompt_len, chat, rid)
             text = body["choices"][0]["message"]["content"] if chat else body["choices"][0]["text"]

@@ -148,7 +148,7 @@ class SearchService:
 
     def _deliver(self, r: dict) -> None:
         if not self._driver.engine.has_unfinished():
-            self.stats.running = 0
+            self.stats.running, self.stats.kv_usage = 0, 0.0
         with self._lock:
             q = self._reqs.pop(r["id"], None)
             if q is None:
