@@ -42,16 +42,17 @@ driver does exactly the same as before.
 Trace sizes in blocks are estimated from the prompt and the mean length of the traces
 completed so far in the run (``max_tokens / 2`` before the first).
 
-Why one file of ~500 lines: it is one class, the step loop, and its parts (admission,
-events, actions, memory) share that loop's per-step state; split apart they would pass it
-back and forth.
+Its inputs (questions, :class:`~gambit_search.jobs.Job`, the serving
+:class:`~gambit_search.jobs.Intake`, the :class:`~gambit_search.jobs.Recorder` protocol) are in
+:mod:`gambit_search.jobs`, its memory handling in :mod:`gambit_search.driver_memory`. What is
+left (~500 lines) is one class, the step loop, whose parts (admission, events, actions,
+results) share the loop's per-step state.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -60,7 +61,16 @@ from typing import Any
 
 from gambit_core.grading import extract_boxed, is_equivalent
 from gambit_core.runio import trace_seed
+from gambit_search.driver_memory import MemoryMixin
 from gambit_search.engine import Engine, EngineError, SamplingSpec, TraceStatus
+from gambit_search.jobs import (  # noqa: F401 - re-exported: the driver's inputs
+    Intake,
+    Job,
+    QuestionLike,
+    Recorder,
+    bound_of,
+    question_of,
+)
 from gambit_search.methods import BoundMethod, PolicyContext
 from gambit_search.policy import (
     Evict,
@@ -78,41 +88,6 @@ from gambit_search.policy import (
 from gambit_search.voting import vote, vote_table
 
 __all__ = ["Driver", "DriverConfig", "Intake", "Job", "QuestionLike", "Recorder", "trace_seed"]
-
-
-class QuestionLike:
-    """What the driver reads of a question: ``id``, ``question``, ``answer`` (gold or "")."""
-
-    id: str
-    question: str
-    answer: str
-
-
-class Recorder:
-    """What a driver's ``recorder`` is called with (duck-typed: any object with these three
-    methods). Every call is on the driver's thread, inside one engine step, for traces the
-    driver owns (``qid``: ``str(question.id)``, ``node``: the policy's node id; for SC node
-    ``i`` is the question's i-th spawned trace, seeded ``trace_seed(seed, qid, i)``).
-
-    Per step: first :meth:`on_boundary` for each of the step's boundaries, then for each
-    delta :meth:`on_delta`, and right after a finishing delta :meth:`on_trace_end`. The
-    engine trace is still readable in all three (``engine.trace_info``,
-    ``engine.sampled_logprobs``): it is released only after the policy has seen the step.
-    Engine contract: a trace's boundary states arrive no later than the step carrying its
-    finishing delta, or never (a boundary right before the stop). A trace the driver aborts
-    (prune, stop, cancel) gets no :meth:`on_trace_end`. Keep the calls cheap: they run on
-    the hot path."""
-
-    def on_boundary(self, qid: str, node: int, b: Any) -> None:
-        """A boundary state (:class:`~gambit_search.engine.BoundaryEvent`) of a trace."""
-
-    def on_delta(self, qid: str, node: int, d: Any) -> None:
-        """A trace's new tokens (:class:`~gambit_search.engine.Delta`, also the finishing one)."""
-
-    def on_trace_end(self, qid: str, node: int, trace: int, finish_reason: str,
-                     error: str | None, text: str | None) -> None:
-        """The trace finished ("stop", "length" or "error"); ``text``: the driver's decode of
-        its lineage (None for an error)."""
 
 
 @dataclass(frozen=True)
@@ -152,69 +127,6 @@ class DriverConfig:
     server answers with the best voter's."""
 
 
-@dataclass(frozen=True)
-class Job:
-    """A question with its own method, sampling and vote rule (gambit-serve: one per
-    request); a plain question runs with the driver's."""
-
-    question: Any
-    """The question (``id``, ``question``, ``answer``)."""
-    bound: BoundMethod
-    """Its method, parameters and budget."""
-    spec: SamplingSpec
-    """How its traces sample."""
-    rule: str | None = None
-    """Vote rule of its answer (None: the driver's, else the method's)."""
-    prompt: tuple[int, ...] | None = None
-    """Its prompt token ids (None: ``Driver.prompt_ids(question)``)."""
-
-
-class Intake:
-    """Questions arriving while the driver runs (:meth:`Driver.serve`), and cancellations.
-    Thread-safe: a server's request handlers :meth:`put` and :meth:`cancel`, the driver's
-    thread takes."""
-
-    def __init__(self) -> None:
-        import queue
-
-        self._q: Any = queue.SimpleQueue()
-        self._cancel: set[str] = set()
-        self._lock = threading.Lock()
-        self.closed = False
-
-    def put(self, job: Any) -> None:
-        """Queue a question or :class:`Job` (ids must be unique among those in flight)."""
-        self._q.put(job)
-
-    def cancel(self, qid: str) -> None:
-        """Stop question ``qid``: its traces are aborted and it ends with error "cancelled"."""
-        with self._lock:
-            self._cancel.add(str(qid))
-
-    def close(self) -> None:
-        """No more questions: :meth:`Driver.serve` returns once those in flight are done."""
-        self.closed = True
-        self._q.put(None)
-
-    def take(self, block: bool) -> list[Any]:
-        """Every queued item (waiting up to 50 ms for one when ``block``)."""
-        import queue
-
-        out = []
-        try:
-            out.append(self._q.get(timeout=0.05) if block else self._q.get_nowait())
-            while True:
-                out.append(self._q.get_nowait())
-        except queue.Empty:
-            pass
-        return [x for x in out if x is not None]
-
-    def cancelled(self) -> set[str]:
-        with self._lock:
-            out, self._cancel = self._cancel, set()
-        return out
-
-
 @dataclass
 class _Q:
     """A question in flight."""
@@ -235,7 +147,7 @@ class _Q:
                                                            "cached_tokens": 0})
 
 
-class Driver:
+class Driver(MemoryMixin):
     """See the module docstring."""
 
     def __init__(self, engine: Engine, bound: BoundMethod, *,
@@ -311,10 +223,10 @@ class Driver:
             if intake is not None:
                 pending.extend(intake.take(block=not pending and not active and not intake.closed))
                 for key in intake.cancelled():
-                    gone = [j for j in pending if str(_question(j).id) == key]
+                    gone = [j for j in pending if str(question_of(j).id) == key]
                     for j in gone:
                         pending.remove(j)
-                        yield self._failed(_question(j), "cancelled")
+                        yield self._failed(question_of(j), "cancelled")
                     st = active.pop(key, None)
                     if st is not None:
                         if not st.policy.done:
@@ -325,12 +237,12 @@ class Driver:
                     break
                 continue
             t0 = time.perf_counter()
-            while pending and (not active or self._live_slots + _bound_of(pending[0], self.bound).slots
+            while pending and (not active or self._live_slots + bound_of(pending[0], self.bound).slots
                                <= self.cfg.max_live) and (not active or self._kv_admits(pending[0])):
                 q = pending.popleft()
                 st = self._admit(q)
                 if st is None:
-                    yield self._failed(_question(q), "empty question")
+                    yield self._failed(question_of(q), "empty question")
                     continue
                 active[str(st.q.id)] = st
                 if st.policy.done:  # every spawn failed at once
@@ -371,7 +283,7 @@ class Driver:
 
     # -- admission -------------------------------------------------------------------------------
     def _admit(self, item: Any) -> _Q | None:
-        q = _question(item)
+        q = question_of(item)
         if not str(q.question).strip():
             return None
         job = item if isinstance(item, Job) else None
@@ -563,88 +475,6 @@ class Driver:
             if info.status in (TraceStatus.FINISHED, TraceStatus.ABORTED):
                 self.engine.release(t)
 
-    # -- memory ----------------------------------------------------------------------------------
-    def _trace_blocks(self, prompt_len: int) -> int:
-        """KV blocks one trace of a prompt this long is expected to hold when it ends."""
-        total, count = self._done_len
-        out = total / count if count else self.spec.max_tokens / 2
-        return max(1, math.ceil((prompt_len + out) / self.engine.block_size))
-
-    def _blocks_needed_soon(self, bs: int) -> int:
-        """New KV blocks the running traces need in the next three steps: one for each whose
-        sequence is within three tokens past a block's end. Traces that started together
-        cross block boundaries in the same step, so an average would underestimate it."""
-        return sum(1 for t, n in self._seq_len.items()
-                   if t not in self._evicted and n % bs < 3)
-
-    def _read_memory(self) -> Any:
-        try:
-            snap = self.engine.memory()
-        except EngineError:  # an engine without stats (log_stats=False): nothing to read
-            self._can_read_memory = False
-            return None
-        self._snap, self._reserved = snap, 0
-        if self._preempt0 is None:
-            self._preempt0 = snap.num_preemptions
-        self.preemptions = snap.num_preemptions - self._preempt0
-        return snap
-
-    def _kv_admits(self, item: Any) -> bool:
-        """Whether the free KV holds half the slots of one more question (memory methods)."""
-        bound = _bound_of(item, self.bound)
-        if not bound.method.uses_memory or self._snap is None:
-            return True
-        per = self._trace_blocks(max(1, self._mean_prompt()))
-        want = max(1, bound.slots // 2)
-        return (self._snap.free_blocks - self._reserved) // per >= want
-
-    def _mean_prompt(self) -> int:
-        total, count = self._prompt_len
-        return total // count if count else 0
-
-    def _memory(self, active: dict[str, _Q]) -> None:
-        t0 = time.perf_counter()
-        snap = self._read_memory()
-        if snap is None:
-            return
-        self.trace_log.append((round(t0 - self._t_start, 4), snap.num_running,
-                               snap.num_waiting, round(snap.kv_usage, 4)))
-        if not self.uses_memory:
-            self.timing["memory_s"] += time.perf_counter() - t0
-            return
-        preempted = snap.num_preemptions - self._last_preempt
-        self._last_preempt = snap.num_preemptions
-        live = [st for st in active.values()
-                if not st.policy.done and st.bound.method.uses_memory]
-        total, bs = snap.total_blocks, max(1, snap.block_size)
-        reserve = math.ceil((1 - self.cfg.evict_above) * total) + self._blocks_needed_soon(bs)
-        short = reserve - snap.free_blocks
-        per_running = max(1, (total - snap.free_blocks) // max(1, snap.num_running))
-        evict = max(preempted, math.ceil(short / per_running) if short > 0 else 0)
-        if evict and live:
-            # the questions with the most running traces give them up first
-            for st in sorted(live, key=lambda s: len(s.policy.running()), reverse=True):
-                if evict <= 0:
-                    break
-                n = min(evict, len(st.policy.running()) - 1)
-                if n <= 0:
-                    continue
-                acts = st.policy.handle(MemoryPressure(evict=n))
-                self._apply(st, acts)
-                evict -= sum(isinstance(a, Evict | Prune) for a in acts)
-        elif snap.kv_usage < self.cfg.revive_below and snap.num_waiting == 0:
-            spare = int((self.cfg.revive_below - snap.kv_usage) * total) - self._reserved
-            wanting = [(st, st.policy.wants()) for st in live if hasattr(st.policy, "wants")]
-            wanting = [(st, w) for st, w in wanting if w > 0]
-            for st, w in sorted(wanting, key=lambda x: x[1], reverse=True):
-                k = min(w, spare // self._trace_blocks(len(st.prompt)))
-                if k <= 0:
-                    break
-                acts = st.policy.handle(MemoryPressure(revive=k))
-                self._apply(st, acts)
-                spare -= k * self._trace_blocks(len(st.prompt))
-        self.timing["memory_s"] += time.perf_counter() - t0
-
     # -- results ---------------------------------------------------------------------------------
     def _finish(self, st: _Q, error: str | None = None) -> dict:
         self._live_slots -= st.slots
@@ -688,11 +518,3 @@ class Driver:
 def mean(xs: Sequence[float]) -> float:
     """Mean (NaN for none)."""
     return sum(xs) / len(xs) if xs else math.nan
-
-
-def _question(item: Any) -> Any:
-    return item.question if isinstance(item, Job) else item
-
-
-def _bound_of(item: Any, default: BoundMethod) -> BoundMethod:
-    return item.bound if isinstance(item, Job) else default
