@@ -47,7 +47,6 @@ from gambit_core.runio import (
     atomic_write,
     claim_dir,
     fingerprint,
-    model_identity,
     replace_fsynced,
     versions,
 )
@@ -321,22 +320,23 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
     shard_i, shard_n = cfg.shard_index()
     from gambit_search.engines import get_engine_kind
 
-    get_engine_kind(cfg.engine)  # InputError naming the known engines
+    kind = get_engine_kind(cfg.engine)  # InputError naming the known engines
     cfg.check_sampling()
     for name in ("n", "questions_per_shard", "max_live"):
         if getattr(cfg, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
         raise InputError(f"--out {cfg.out} exists and is not a directory")
-    if cfg.engine == "vllm" and cfg.model.startswith((".", "/", "~")) and not Path(cfg.model).expanduser().is_dir():
+    if kind.reads_model and cfg.model.startswith((".", "/", "~")) and not Path(cfg.model).expanduser().is_dir():
         raise InputError(f"model path {cfg.model} does not exist")
     try:
         questions = load_questions(cfg.dataset, max_questions=cfg.max_questions)
     except (DatasetError, OSError, ValueError) as e:
         raise InputError(f"cannot read dataset {cfg.dataset!r}: {e}") from None
     out = Path(cfg.out)
-    m_hash, t_hash = model_identity(cfg.model) if cfg.engine == "vllm" else ("fake", "fake")
-    _check_config(out, cfg, {"model_hash": m_hash, "tokenizer_hash": t_hash})
+    ident = kind.identity(cfg.model)
+    m_hash, t_hash = ident["model_hash"], ident["tokenizer_hash"]
+    _check_config(out, cfg, ident)
     K = cfg.questions_per_shard
     chunks = [questions[c * K : (c + 1) * K] for c in range((len(questions) + K - 1) // K)]
     mine = [c for c in range(len(chunks)) if c % shard_n == shard_i and not (out / "data" / f"shard-{c:05d}.parquet").exists()]

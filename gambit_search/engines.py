@@ -64,6 +64,15 @@ class EngineKind(ABC):
     """One kind of engine as the applications see it."""
 
     name: str
+    reads_model: bool = True
+    """Whether ``--model`` means anything to it (the fake engine scripts its own)."""
+
+    def identity(self, model: str) -> dict[str, str]:
+        """{"model_hash", "tokenizer_hash"} of ``model``: pins an output directory to it."""
+        from gambit_core.runio import model_identity
+
+        m_hash, t_hash = model_identity(model)
+        return {"model_hash": m_hash, "tokenizer_hash": t_hash}
 
     @abstractmethod
     def facts(self, model: str) -> ModelFacts:
@@ -86,7 +95,6 @@ class VLLMKind(EngineKind):
     name = "vllm"
 
     def facts(self, model: str) -> ModelFacts:
-        from gambit_core.runio import model_identity
         from gambit_search.vllm_engine import boundary_token_ids, validate_model_path
 
         try:
@@ -104,9 +112,7 @@ class VLLMKind(EngineKind):
             tok = AutoTokenizer.from_pretrained(model)
         except Exception as e:  # noqa: BLE001
             raise InputError(f"cannot load the tokenizer of {model!r}: {e}") from None
-        m_hash, t_hash = model_identity(model)
-        return ModelFacts(hidden, boundary_token_ids(tok), tok,
-                          {"model_hash": m_hash, "tokenizer_hash": t_hash})
+        return ModelFacts(hidden, boundary_token_ids(tok), tok, self.identity(model))
 
     def start(self, s: EngineSettings) -> Any:
         from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
@@ -128,12 +134,15 @@ class VLLMKind(EngineKind):
 
 class FakeKind(EngineKind):
     name = "fake"
+    reads_model = False
+
+    def identity(self, model: str) -> dict[str, str]:
+        return {"model_hash": "fake", "tokenizer_hash": "fake"}
 
     def facts(self, model: str) -> ModelFacts:
         from gambit_search.fake_engine import BOUNDARY, FakeEngineConfig
 
-        return ModelFacts(FakeEngineConfig().hidden_size, [BOUNDARY], None,
-                          {"model_hash": "fake", "tokenizer_hash": "fake"})
+        return ModelFacts(FakeEngineConfig().hidden_size, [BOUNDARY], None, self.identity(model))
 
     def start(self, s: EngineSettings) -> Any:
         from gambit_search.fake_engine import FakeEngine, FakeEngineConfig
