@@ -17,17 +17,6 @@ machines together equal one unsharded run. ``harvest_config.json`` pins the mode
 sampling config of a directory (a different one is refused); ``manifest.json`` is written
 last, once every chunk exists. Read it with ``gambit_scorer.harvest_io.iter_traces(DIR)`` or
 ``datasets.load_dataset("parquet", data_dir=f"{DIR}/data")``.
-
-One engine loop: the traces run through :class:`gambit_search.driver.Driver` with the ``sc``
-method (``--n`` independent traces per question; trace i is the question's node i, seeded
-``trace_seed(seed, question id, i)`` as before) and a recorder (:class:`_Recorder`, the
-driver's ``recorder`` hook) that keeps each trace's tokens, boundary states and sampled
-log-probs; a question's rows are graded when its result arrives and a chunk's shard is
-written once all its questions are in. Same rows as the harvest's former own loop for the
-same seed; one scheduling difference: ``--max-live`` admits whole questions (a question's n
-traces start together; one question always runs, even if n > max_live). A question the
-driver refuses to start (blank text; the dataset loaders already reject those) would get
-n error rows (no tokens) and an entry in the failed-question side file.
 """
 
 from __future__ import annotations
@@ -48,6 +37,7 @@ from gambit_core.runio import (
     claim_dir,
     fingerprint,
     replace_fsynced,
+    trace_seed,
     versions,
 )
 from gambit_core.sampling import SamplingConfig
@@ -130,116 +120,97 @@ def _thought_confidence(logprobs, boundary_offsets: list[int]) -> tuple[list[flo
     return means, mins
 
 
-@dataclass(frozen=True)
-class _Ask:
-    """A question as the driver sees it: no gold, so the driver grades nothing (the harvest
-    grades every trace itself, once)."""
+class _Run:
+    """Streams traces of many questions through one engine, a chunk at a time."""
 
-    id: str
-    question: str
-    answer: str = ""
+    def __init__(self, cfg: HarvestConfig, engine, tok, out: Path):
+        self.cfg, self.eng, self.tok, self.out = cfg, engine, tok, out
+        self.hidden_size = engine.hidden_size
+        self._prompt_ids = None
 
+    def _prompt(self, question: str) -> list[int]:
+        if self._prompt_ids is None:
+            from gambit_search.engines import get_engine_kind
 
-class _Recorder:
-    """The driver's :class:`~gambit_search.driver.Recorder`: per live trace its output ids,
-    delta texts and boundary states, and at its end its text and sampled log-probs (copied
-    before the driver releases the engine trace). Rows are built from these when the
-    question's result arrives (:meth:`rows`), off the step loop."""
+            self._prompt_ids = get_engine_kind(self.cfg.engine).prompt_ids(self.tok)
+        return self._prompt_ids(question)
 
-    def __init__(self, engine, tok, on_trace) -> None:
-        self.eng, self.on_trace = engine, on_trace
-        self.detok = getattr(getattr(engine, "config", None), "detokenize", True) or tok is None
-        self.traces: dict[tuple[str, int], dict] = {}
+    def _text(self, t: dict) -> str:
+        """The trace's text: the engine's deltas, or one decode of its ids where the engine
+        does not detokenize (the harvest's own vLLM engine: cheaper than vLLM's per-token
+        detokenization)."""
+        if getattr(getattr(self.eng, "config", None), "detokenize", True) or self.tok is None:
+            return "".join(t["text"])
+        return self.tok.decode(t["ids"], skip_special_tokens=True)
 
-    def _t(self, qid: str, node: int) -> dict:
-        t = self.traces.get((qid, node))
-        if t is None:
-            t = self.traces[(qid, node)] = {"ids": [], "text": [], "states": {}, "finish": None,
-                                             "error": None, "lps": None}
-        return t
+    def run(self, work: list[tuple[int, list]], progress, on_chunk_done) -> None:
+        """Sample every (chunk, questions) in ``work``; call ``on_chunk_done(chunk, rows)`` as each
+        chunk completes. Traces of the next chunks start while a chunk's last traces finish,
+        so the engine stays full."""
+        from collections import deque
 
-    def on_boundary(self, qid: str, node: int, b) -> None:
-        self._t(qid, node)["states"][b.output_index] = b.hidden
-
-    def on_delta(self, qid: str, node: int, d) -> None:
-        t = self._t(qid, node)
-        t["ids"].extend(d.token_ids)
-        if self.detok:
-            t["text"].append(d.text)
-
-    def on_trace_end(self, qid: str, node: int, trace: int, finish_reason: str, error, text) -> None:
-        import numpy as np
-
-        t = self._t(qid, node)
-        t["finish"], t["error"] = finish_reason, error
-        # The text: the engine's deltas, or the driver's one decode of the ids where the engine
-        # does not detokenize (the harvest's own vLLM engine: cheaper than vLLM's per-token
-        # detokenization).
-        t["text"] = "".join(t["text"]) if self.detok else (text or "")
-        t["lps"] = np.array(self.eng.sampled_logprobs(trace), copy=True)
-        self.on_trace()
-
-    def rows(self, q, n: int, hidden_size: int, why: str | None) -> list[dict]:
-        """The n rows of question ``q`` (traces the driver never started: error rows)."""
         import numpy as np
 
         from gambit_core.grading import grade
+        from gambit_search.engine import SamplingSpec
 
-        out = []
-        for i in range(n):
-            t = self.traces.pop((str(q.id), i), None)
-            if t is None or t["finish"] is None:
-                t = {"ids": [], "text": "", "states": {}, "finish": "error", "error": why or "not run",
-                     "lps": np.zeros(0, np.float32)}
-            offs = sorted(t["states"])
-            states = np.stack([t["states"][o] for o in offs]) if offs else np.zeros((0, hidden_size), np.float32)
-            text = t["text"] if isinstance(t["text"], str) else "".join(t["text"])
-            answer, correct = grade(q.answer, text) if t["finish"] != "error" else (None, False)
-            cm, cn = _thought_confidence(t["lps"], offs)
-            out.append({
-                "question_id": q.id, "question": q.question, "gold": q.answer,
-                "trace_index": i, "token_ids": t["ids"], "text": text, "answer": answer,
-                "correct": bool(correct), "boundary_positions": offs, "hidden_states": states,
-                "conf_mean": cm, "conf_min": cn, "n_tokens": len(t["ids"]),
-                "_error": t["error"] if t["finish"] == "error" else None,
-            })
-        return out
-
-
-def _run(cfg: HarvestConfig, engine, tok, work: list[tuple[int, list]], progress, on_chunk_done) -> None:
-    """Sample every (chunk, questions) in ``work`` through one :class:`~gambit_search.driver.Driver`
-    (method ``sc``: ``cfg.n`` independent traces per question, trace i seeded
-    ``trace_seed(seed, question id, i)``); call ``on_chunk_done(chunk, rows)`` as each chunk
-    completes. Every chunk's questions go to one ``driver.run()``, so traces of the next
-    chunks start while a chunk's last traces finish and the engine stays full."""
-    from gambit_search.driver import Driver, DriverConfig
-    from gambit_search.engine import SamplingSpec
-    from gambit_search.engines import get_engine_kind
-    from gambit_search.methods import get_method
-
-    kind = get_engine_kind(cfg.engine)
-    prompt = kind.prompt_ids(tok)
-    # log-probs come from the engine's sampled_logprobs (read in the recorder), not from
-    # vLLM's per-request logprob path: that one cost 10-35 % of the throughput
-    spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                        max_tokens=cfg.max_tokens)
-    rec = _Recorder(engine, tok, progress)
-    drv = Driver(engine, get_method("sc").bind(n=cfg.n), prompt_ids=lambda q: prompt(q.question),
-                 decode=kind.decoder(engine), spec=spec, recorder=rec,
-                 config=DriverConfig(max_live=cfg.max_live, seed=cfg.seed, release=True, log_memory=False))
-    chunk_of = {str(q.id): (c, q) for c, qs in work for q in qs}
-    left = {c: len(qs) for c, qs in work}
-    rows: dict[int, list[dict]] = {c: [] for c, _ in work}
-    for res in drv.run([_Ask(str(q.id), q.question) for _, qs in work for q in qs]):
-        c, q = chunk_of.pop(res["id"])
-        started = bool(res.get("tree"))
-        rows[c].extend(rec.rows(q, cfg.n, engine.hidden_size, None if started else res.get("error")))
-        if not started:  # never started (e.g. an empty question): n error rows
-            for _ in range(cfg.n):
-                progress()
-        left[c] -= 1
-        if left[c] == 0:
-            on_chunk_done(c, sorted(rows.pop(c), key=lambda r: (r["question_id"], r["trace_index"])))
+        cfg = self.cfg
+        # log-probs come from the engine's sampled_logprobs (read in the capture hook), not
+        # from vLLM's per-request logprob path: that one cost 10-35 % of the throughput
+        spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                            max_tokens=cfg.max_tokens)
+        todo = deque((c, q, i) for c, qs in work for q in qs for i in range(cfg.n))
+        left = {c: len(qs) * cfg.n for c, qs in work}
+        rows: dict[int, list[dict]] = {c: [] for c, _ in work}
+        prompts: dict[str, list[int]] = {}
+        live: dict[int, dict] = {}
+        while todo or live:
+            while todo and len(live) < cfg.max_live:
+                c, q, i = todo.popleft()
+                if q.id not in prompts:
+                    prompts[q.id] = self._prompt(q.question)
+                tid = self.eng.add_trace(prompts[q.id], spec, seed=trace_seed(cfg.seed, q.id, i))
+                live[tid] = {"c": c, "q": q, "i": i, "ids": [], "text": [], "states": {}, "finish": None,
+                             "error": None}
+            out = self.eng.step()
+            for b in out.boundaries:
+                if b.trace in live:
+                    live[b.trace]["states"][b.output_index] = b.hidden
+            finished = []
+            for d in out.deltas:
+                t = live.get(d.trace)
+                if t is None:
+                    continue
+                t["ids"].extend(d.token_ids)
+                t["text"].append(d.text)
+                if d.finish_reason is not None:
+                    t["finish"], t["error"] = d.finish_reason, d.error
+                    finished.append(d.trace)
+            # Engine contract: a trace's boundary states arrive no later than the step output
+            # carrying its finishing delta, or never (a boundary right before the stop).
+            for tid in finished:
+                t = live.pop(tid)
+                offs = sorted(t["states"])
+                states = np.stack([t["states"][o] for o in offs]) if offs else np.zeros((0, self.hidden_size), np.float32)
+                text = self._text(t)
+                answer, correct = grade(t["q"].answer, text) if t["finish"] != "error" else (None, False)
+                cm, cn = _thought_confidence(self.eng.sampled_logprobs(tid), offs)
+                self.eng.release(tid)  # the engine keeps no record of done traces
+                c = t["c"]
+                rows[c].append({
+                    "question_id": t["q"].id, "question": t["q"].question, "gold": t["q"].answer,
+                    "trace_index": t["i"], "token_ids": t["ids"], "text": text, "answer": answer,
+                    "correct": bool(correct), "boundary_positions": offs, "hidden_states": states,
+                    "conf_mean": cm, "conf_min": cn, "n_tokens": len(t["ids"]),
+                    "_error": t["error"] if t["finish"] == "error" else None,
+                })
+                progress(t)
+                left[c] -= 1
+                if left[c] == 0:
+                    done = sorted(rows.pop(c), key=lambda r: (r["question_id"], r["trace_index"]))
+                    for q in {r["question_id"] for r in done}:
+                        prompts.pop(q, None)
+                    on_chunk_done(c, done)
 
 
 def _write_shard(out: Path, chunk: int, rows: list[dict]) -> None:
@@ -353,11 +324,12 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
         else:
             boundary_ids = sorted(getattr(engine, "boundary_ids", [])) or [4]
         tok = getattr(engine, "tokenizer", None)
+        run = _Run(cfg, engine, tok, out)
         stats = Counter()
         t0 = time.time()
         bar = tqdm(total=sum(len(chunks[c]) for c in mine) * cfg.n, unit="trace", desc="harvest", dynamic_ncols=True)
 
-        def progress() -> None:
+        def progress(_trace) -> None:
             bar.update(1)
 
         def chunk_done(c: int, rows: list[dict]) -> None:
@@ -369,7 +341,7 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
                             traces_per_s=f"{stats['done'] / (time.time() - t0):.1f}", shards=f"{stats['shards']}/{len(mine)}")
 
         try:
-            _run(cfg, engine, tok, [(c, chunks[c]) for c in mine], progress, chunk_done)
+            run.run([(c, chunks[c]) for c in mine], progress, chunk_done)
         finally:
             bar.close()
         sampling_seconds = time.time() - t0

@@ -34,16 +34,11 @@ after every step and acts before vLLM has to preempt:
   free KV holds (``policy.start(limit)``), and a second question is admitted only while
   the free KV holds at least half its slots.
 
-Recorder (optional, off by default): ``Driver(..., recorder=r)`` hands ``r`` what the
-engine delivers for each trace, on the driver's thread, in each step before the policies
-see it (gambit-harvest collects its rows this way; see :class:`Recorder`). Without one the
-driver does exactly the same as before.
-
 Trace sizes in blocks are estimated from the prompt and the mean length of the traces
 completed so far in the run (``max_tokens / 2`` before the first).
 
 Its inputs (questions, :class:`~gambit_search.jobs.Job`, the serving
-:class:`~gambit_search.jobs.Intake`, the :class:`~gambit_search.jobs.Recorder` protocol) are in
+:class:`~gambit_search.jobs.Intake`) are in
 :mod:`gambit_search.jobs`, its memory handling in :mod:`gambit_search.driver_memory`. What is
 left (~500 lines) is one class, the step loop, whose parts (admission, events, actions,
 results) share the loop's per-step state.
@@ -67,7 +62,6 @@ from gambit_search.jobs import (  # noqa: F401 - re-exported: the driver's input
     Intake,
     Job,
     QuestionLike,
-    Recorder,
     bound_of,
     question_of,
 )
@@ -87,7 +81,7 @@ from gambit_search.policy import (
 )
 from gambit_search.voting import vote, vote_table
 
-__all__ = ["Driver", "DriverConfig", "Intake", "Job", "QuestionLike", "Recorder", "trace_seed"]
+__all__ = ["Driver", "DriverConfig", "Intake", "Job", "QuestionLike", "trace_seed"]
 
 
 @dataclass(frozen=True)
@@ -153,11 +147,8 @@ class Driver(MemoryMixin):
     def __init__(self, engine: Engine, bound: BoundMethod, *,
                  prompt_ids: Callable[[Any], list[int]], decode: Callable[[Sequence[int]], str],
                  spec: SamplingSpec, scorer: Any = None, config: DriverConfig | None = None,
-                 answer_of: Callable[[str], str | None] = extract_boxed,
-                 recorder: Any = None) -> None:
+                 answer_of: Callable[[str], str | None] = extract_boxed) -> None:
         method = bound.method
-        self.recorder = recorder
-        """A :class:`Recorder`, or None (the default: nothing recorded)."""
         self.engine, self.bound, self.method = engine, bound, method
         self.prompt_ids, self.decode, self.spec = prompt_ids, decode, spec
         self.scorer = scorer
@@ -191,7 +182,6 @@ class Driver(MemoryMixin):
         """vLLM preemptions since the run's first memory read (as of the last read)."""
         self._unscored: list = []  # boundary events waiting for the next batched forward
         self._memory_users = 0  # questions in flight whose method acts on memory
-        self._last_text: str | None = None  # the last _finished_event's text (recorder)
         self.on_step: Callable[[dict], None] | None = None
         """Called after every engine step with the questions in flight ({id: state}; read
         only): a server's admission timeouts and progress events."""
@@ -324,12 +314,6 @@ class Driver(MemoryMixin):
         # 1. boundaries -> one batched scorer forward -> Scored events, every `score_every`
         #    steps, and at once in a step where a trace finishes or memory is read (so votes
         #    and evictions see every score)
-        rec = self.recorder
-        if rec is not None:
-            for b in out.boundaries:
-                own = self._owner.get(b.trace)
-                if own is not None:
-                    rec.on_boundary(str(own[0].q.id), own[1], b)
         if self.scorer is not None:
             self._unscored.extend(b for b in out.boundaries if b.trace in self._owner)
             steps = self.timing["steps"]
@@ -348,8 +332,6 @@ class Driver(MemoryMixin):
                 continue
             st, node = own
             key = str(st.q.id)
-            if rec is not None:
-                rec.on_delta(key, node, d)
             if d.num_cached_tokens is not None and node in st.fork_prompt:
                 st.cache["forks"] += 1
                 st.cache["prompt_tokens"] += st.fork_prompt.pop(node)
@@ -360,11 +342,7 @@ class Driver(MemoryMixin):
                 if d.trace in self._seq_len:
                     self._seq_len[d.trace] += len(d.token_ids)
             if d.finish_reason is not None:
-                ev = self._finished_event(st, node, d)
-                finished.setdefault(key, []).append(ev)
-                if rec is not None:
-                    rec.on_trace_end(key, node, d.trace, d.finish_reason, d.error,
-                                     None if d.finish_reason == "error" else self._last_text)
+                finished.setdefault(key, []).append(self._finished_event(st, node, d))
         for key in set(per_q) | set(finished) | set(progress):
             st = active.get(key)
             if st is None:
@@ -407,7 +385,7 @@ class Driver(MemoryMixin):
         lineage = list(info.prompt_ids[len(st.prompt):]) + list(info.output_ids)
         self._done_len[0] += len(lineage)
         self._done_len[1] += 1
-        text = self._last_text = self.decode(lineage)
+        text = self.decode(lineage)
         if st.texts is not None:
             st.texts[node] = text
         return Finished(node, d.finish_reason, answer=self.answer_of(text))

@@ -1,6 +1,5 @@
-"""What the driver is fed and what it reports to: plain questions or :class:`Job` s (a question
-with its own method and sampling), an :class:`Intake` of questions arriving while it runs
-(gambit-serve), and the :class:`Recorder` protocol (gambit-harvest's shards).
+"""What the driver is fed: plain questions or :class:`Job` s (a question with its own method
+and sampling), and an :class:`Intake` of questions arriving while it runs (gambit-serve).
 
     from gambit_search.jobs import Intake, Job
     intake = Intake()
@@ -17,7 +16,7 @@ from typing import Any
 from gambit_search.engine import SamplingSpec
 from gambit_search.methods import BoundMethod
 
-__all__ = ["Intake", "Job", "QuestionLike", "Recorder", "bound_of", "question_of"]
+__all__ = ["Intake", "Job", "QuestionLike", "bound_of", "question_of"]
 
 
 class QuestionLike:
@@ -26,33 +25,6 @@ class QuestionLike:
     id: str
     question: str
     answer: str
-
-
-class Recorder:
-    """What a driver's ``recorder`` is called with (duck-typed: any object with these three
-    methods). Every call is on the driver's thread, inside one engine step, for traces the
-    driver owns (``qid``: ``str(question.id)``, ``node``: the policy's node id; for SC node
-    ``i`` is the question's i-th spawned trace, seeded ``trace_seed(seed, qid, i)``).
-
-    Per step: first :meth:`on_boundary` for each of the step's boundaries, then for each
-    delta :meth:`on_delta`, and right after a finishing delta :meth:`on_trace_end`. The
-    engine trace is still readable in all three (``engine.trace_info``,
-    ``engine.sampled_logprobs``): it is released only after the policy has seen the step.
-    Engine contract: a trace's boundary states arrive no later than the step carrying its
-    finishing delta, or never (a boundary right before the stop). A trace the driver aborts
-    (prune, stop, cancel) gets no :meth:`on_trace_end`. Keep the calls cheap: they run on
-    the hot path."""
-
-    def on_boundary(self, qid: str, node: int, b: Any) -> None:
-        """A boundary state (:class:`~gambit_search.engine.BoundaryEvent`) of a trace."""
-
-    def on_delta(self, qid: str, node: int, d: Any) -> None:
-        """A trace's new tokens (:class:`~gambit_search.engine.Delta`, also the finishing one)."""
-
-    def on_trace_end(self, qid: str, node: int, trace: int, finish_reason: str,
-                     error: str | None, text: str | None) -> None:
-        """The trace finished ("stop", "length" or "error"); ``text``: the driver's decode of
-        its lineage (None for an error)."""
 
 
 @dataclass(frozen=True)
