@@ -139,7 +139,7 @@ def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
     """Every (dataset, method, seed, SolveConfig), checked: raises BenchInputError."""
     from gambit_search.methods import get_method
     from gambit_search.solve import SolveConfig, check_config, load_run_questions
-    from gambit_search.solve.config import flat_name, params_from_flat
+    from gambit_search.solve.config import flat_names, params_from_flat
 
     methods, datasets = _split(cfg.methods), _split(cfg.datasets)
     try:
@@ -173,7 +173,7 @@ def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
     own_params = {}
     for m in methods:
         meth = get_method(base_of[m])
-        own_params[m] = {flat_name(meth.flag_prefix, f.name) for f in fields(meth.params)}
+        own_params[m] = flat_names(meth)
         bad = sorted(set(sets.get(m, {})) - solve_fields - own_params[m])
         if bad:
             raise InputError(f"--set {m}: unknown parameters {bad} (for {base_of[m]}: "

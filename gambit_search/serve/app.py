@@ -69,7 +69,7 @@ def make_job(state: AppState, question: str, req: Any, qid: str) -> Any:
     from gambit_search.driver import Job
     from gambit_search.engine import SamplingSpec
     from gambit_search.methods import get_method
-    from gambit_search.solve.config import params_from_flat
+    from gambit_search.solve.config import flat_names, params_from_flat
     from gambit_search.voting import RULES
 
     if not question.strip():
@@ -77,8 +77,7 @@ def make_job(state: AppState, question: str, req: Any, qid: str) -> Any:
     g: GambitOptions = req.gambit
     d = state.defaults
     method = get_method(g.method or d["method"])
-    known = {f"{method.flag_prefix.replace('-', '_')}{f}" for f in
-             method.params.__dataclass_fields__}
+    known = flat_names(method)
     extra = g.params()
     bad = sorted(set(extra) - known)
     if bad:
@@ -97,7 +96,7 @@ def make_job(state: AppState, question: str, req: Any, qid: str) -> Any:
     temperature = req.temperature if req.temperature is not None else d["temperature"]
     top_p = req.top_p if req.top_p is not None else d["top_p"]
     max_tokens = req.max_tokens if req.max_tokens is not None else d["max_tokens"]
-    if temperature < 0 or not 0 < top_p <= 1 or max_tokens < 1:
+    if temperature < 0 or not 0 < top_p <= 1 or max_tokens < 1:  # in the API's field names
         raise InputError("temperature must be >= 0, top_p in (0, 1] and max_tokens >= 1")
     prompt = tuple(state.prompt_ids(question))
     if len(prompt) + max_tokens > state.max_model_len:

@@ -78,6 +78,11 @@ def flat_name(prefix: str, name: str) -> str:
     return prefix.replace("-", "_") + name
 
 
+def flat_names(method: Any) -> set[str]:
+    """The flat keys of ``method``'s own parameters ({"capacity", "swap", ...})."""
+    return {flat_name(method.flag_prefix, f.name) for f in dataclasses.fields(method.params)}
+
+
 def params_from_flat(method: Any, flat: dict[str, Any]) -> Any:
     """``method``'s parameters from flat keys (``{"capacity": 16, "deepconf_window": 8}``):
     the keys of other methods are ignored, missing ones keep their defaults."""
