@@ -88,7 +88,7 @@ def main() -> None:
     a = p.parse_args()
 
     from gambit_core.cli import input_errors
-    from gambit_search.solve import make_config, prepare, run_prepared, start_engine
+    from gambit_search.solve import engine_scorer, make_config, prepare, run_prepared, start_engine
 
     flat = {"dataset": a.dataset, "n": a.n, "kv_cache": a.kv_cache, "max_live": a.max_live,
             "seed": a.seed, "engine": a.engine} | {k: v for d in _grid(a.set) for k, v in d.items()}
@@ -103,7 +103,9 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = json.loads(out.read_text())["runs"] if out.exists() else []
     done = {(r["label"], r["repeat"]) for r in rows}
-    engine, decode = start_engine(base)
+    # the engine scores in its worker with the runs' scorer (unless --set score_in_engine=false)
+    engine, decode = start_engine(base, False,
+                                  engine_scorer([prepare(c, None) for c in jobs_of.values()]))
     t_all = time.perf_counter()
     try:
         for rep in range(a.repeats):

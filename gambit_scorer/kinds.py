@@ -193,6 +193,12 @@ class ScorerKind(ABC):
         ``step`` return new ones and never change their arguments), so this is the same object."""
         return state
 
+    def prefix(self, state: Any, k: int, score: float | None) -> Any | None:
+        """The state after only the first ``k`` of ``state``'s steps, whose trace score was
+        ``score``, derived from ``state`` itself; None when this kind's state cannot be cut
+        (then a caller that needs prefixes keeps one state per step: they are small)."""
+        return None
+
     @abstractmethod
     def append(self, model: nn.Module, state: Any, x: Tensor) -> tuple[Any, float]:
         """Add steps x [k, F] to one trace's state -> (new state, trace score)."""
@@ -372,6 +378,15 @@ class SeqKind(ScorerKind):
 
     def new_state(self) -> SeqHistory:
         return SeqHistory()
+
+    def prefix(self, state, k, score):
+        # causal attention: the cache of the first k steps is the first k cache entries,
+        # exact while the sliding window has not cut anything
+        if state.cache is None or k == 0:
+            return SeqHistory()
+        if state.n_steps > state.cache[0][0].shape[2]:
+            return None  # the window dropped early steps: not recoverable
+        return SeqHistory(k, tuple((kk[:, :, :k], v[:, :, :k]) for kk, v in state.cache), score)
 
     def append(self, model, state, x):
         if not isinstance(state, SeqHistory):

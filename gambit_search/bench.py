@@ -215,7 +215,13 @@ def bench(cfg: BenchConfig, sets: dict | None = None, *, engine: Any = None, dec
           progress: bool = True, figures: bool = True, given: set[str] | None = None) -> dict:
     """Run (or resume) the harness; returns {"table": [...], "runs": [...]}. ``given``: the
     fields set on the command line (they win over ``cfg.config``'s file)."""
-    from gambit_search.solve import prepare, read_results, run_prepared, start_engine
+    from gambit_search.solve import (
+        engine_scorer,
+        prepare,
+        read_results,
+        run_prepared,
+        start_engine,
+    )
 
     cfg, sets = load_config(cfg, sets or {}, given)
     jobs = plan(cfg, sets)
@@ -225,7 +231,8 @@ def bench(cfg: BenchConfig, sets: dict | None = None, *, engine: Any = None, dec
              for d, m, s, sc in jobs]
     own = engine is None and any(p.todo for *_, p in preps)
     if own:
-        engine, decode = start_engine(jobs[0][3], any(p.needs_confidence for *_, p in preps))
+        engine, decode = start_engine(jobs[0][3], any(p.needs_confidence for *_, p in preps),
+                                      engine_scorer([p for *_, p in preps]))
     per_run = []
     try:
         for d, m, s, p in preps:

@@ -13,6 +13,15 @@ prompt, every trace an error) is recorded and the others go on.
     for result in drv.run(questions):          # results in completion order
         ...
 
+Scoring and pipelining. An engine that scores boundaries itself
+(``engine.scores_boundaries``: vLLM with ``VLLMEngineConfig.scorer``, gambit-solve's default)
+hands over events that carry their trace's score, computed in the worker on the model's
+device; the driver then runs no scorer and only scores cross processes. vLLM's engine core
+steps in its own process while the driver scores and decides, and the adapter's ``step``
+takes every output already waiting (``catch_up``), so the driver works on the newest state
+and its decisions lag the engine by at most one of its own steps: harmless for a tournament
+that acts every D >= 8 boundaries.
+
 Order of events within one engine step, per question: :class:`Scored` (the step's
 boundaries), then :class:`Finished`, then :class:`Progress` (which may run a round), so a
 policy never forks a trace it has not yet learned is finished.
@@ -154,7 +163,10 @@ class Driver(MemoryMixin):
         self.scorer = scorer
         self.cfg = config or DriverConfig()
         self.answer_of = answer_of
-        if method.needs_scorer and scorer is None:
+        # the engine scores where the states are (events carry their scores), unless the
+        # driver was handed a scorer of its own
+        self._engine_scores = engine.scores_boundaries and scorer is None
+        if method.needs_scorer and scorer is None and not self._engine_scores:
             raise ValueError(f"method {method.name!r} needs a scorer (--scorer ckpt.pt)")
         if method.scores_traces and scorer is not None and not engine.captures_hidden:
             raise ValueError(f"method {method.name!r} needs an engine that captures hidden states")
@@ -314,7 +326,14 @@ class Driver(MemoryMixin):
         # 1. boundaries -> one batched scorer forward -> Scored events, every `score_every`
         #    steps, and at once in a step where a trace finishes or memory is read (so votes
         #    and evictions see every score)
-        if self.scorer is not None:
+        if self._engine_scores:  # scored where the states are: the events carry it
+            for b in out.boundaries:
+                own = self._owner.get(b.trace)
+                if own is not None and b.score is not None and b.score == b.score \
+                        and own[0].bound.method.scores_traces:
+                    per_q.setdefault(str(own[0].q.id), []).append(
+                        Scored(own[1], b.output_index, b.score))
+        elif self.scorer is not None:
             self._unscored.extend(b for b in out.boundaries if b.trace in self._owner)
             steps = self.timing["steps"]
             due = (steps % self.cfg.score_every == 0

@@ -190,7 +190,12 @@ class BoundaryEvent:
     own text contains it, or it is the second "\\n" of a split pair); any token in stride
     mode."""
     hidden: np.ndarray = field(repr=False)
-    """float32 vector of the model's hidden size."""
+    """float32 vector of the model's hidden size; empty (size 0) when the engine scores
+    boundaries itself and was not asked to ship the states."""
+    score: float | None = None
+    """The trace's score after this boundary, when the engine scores boundaries itself
+    (:attr:`Engine.scores_boundaries`); None otherwise. NaN: a boundary the engine's scorer
+    did not score (its row came before the state it continues)."""
 
 
 @dataclass
@@ -290,6 +295,19 @@ class Engine(ABC):
     @abstractmethod
     def captures_hidden(self) -> bool:
         """Whether boundary hidden states are captured at all."""
+
+    @property
+    def scorer_checkpoint(self) -> str | None:
+        """The scorer checkpoint the engine scores boundaries with itself, where the states
+        are (resolved path; None: it does not score)."""
+        return None
+
+    @property
+    def scores_boundaries(self) -> bool:
+        """Whether the engine scores boundaries itself (each :class:`BoundaryEvent` carries
+        ``score``; a branch's and a revived trace's scorer state follow its prompt). False:
+        the caller scores ``hidden``."""
+        return self.scorer_checkpoint is not None
 
     # -- traces -----------------------------------------------------------------------------
     @abstractmethod

@@ -42,6 +42,9 @@ class EngineSettings:
     """KV-cache size in GiB."""
     confidence: bool = False
     """Return the sampled tokens' log-probabilities (confidence features, DeepConf)."""
+    scorer: str | None = None
+    """A scorer checkpoint to score boundaries with inside the engine, where the states are
+    (kinds with ``scores_inside``; others ignore it)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Engine-specific overrides (``VLLMEngineConfig`` fields, e.g. ``stream_interval``)."""
 
@@ -66,6 +69,8 @@ class EngineKind(ABC):
     name: str
     reads_model: bool = True
     """Whether ``--model`` means anything to it (the fake engine scripts its own)."""
+    scores_inside: bool = False
+    """Whether it can score boundaries itself (``EngineSettings.scorer``)."""
 
     def identity(self, model: str) -> dict[str, str]:
         """{"model_hash", "tokenizer_hash"} of ``model``: pins an output directory to it."""
@@ -93,6 +98,7 @@ class EngineKind(ABC):
 
 class VLLMKind(EngineKind):
     name = "vllm"
+    scores_inside = True
 
     def facts(self, model: str) -> ModelFacts:
         from gambit_search.vllm_engine import boundary_token_ids, validate_model_path
@@ -120,7 +126,7 @@ class VLLMKind(EngineKind):
         return VLLMEngine(VLLMEngineConfig(**({
             "model": s.model, "max_num_seqs": s.max_live, "seed": s.seed,
             "kv_cache_memory_bytes": int(s.kv_cache * (1 << 30)), "detokenize": False,
-            "sampled_logprobs": s.confidence} | s.extra)))
+            "sampled_logprobs": s.confidence, "scorer": s.scorer} | s.extra)))
 
     def prompt_ids(self, tokenizer: Any) -> Callable[[str], list[int]]:
         from gambit_core.prompts import build_prompt_ids

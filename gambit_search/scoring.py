@@ -21,17 +21,28 @@ are padded and masked in ``SeqScorer.step_batch``).
     rs.add(key=7)                      # a fresh trace
     rs.add(key=9, parent=7)            # a branch: shares 7's history
     scores = rs.score([(7, hidden, output_index)], logprobs={7: engine.sampled_logprobs(t)})
+
+:class:`ScoreBook` is the same scoring where the hidden states are (inside the vLLM worker,
+on the model's device; in the fake engine), keyed by trace with each scored boundary's
+position, so that a branch or a revived trace starts from exactly the prefix its request's
+prompt holds, whatever the engine computed for its source since::
+
+    book = ScoreBook(load_scorer(path, device="cuda"))
+    book.start(9, 1, src=7, cut=41)    # trace 9's request 1: 7's state over positions < 41
+    scores = book.score(traces, positions, hidden)    # NaN for a row already scored
+    book.forget([7, 9])
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["RuntimeScorer", "thought_confidence"]
+__all__ = ["RuntimeScorer", "ScoreBook", "thought_confidence"]
 
 
 def thought_confidence(logprobs: np.ndarray, start: int, end: int) -> tuple[float, float]:
@@ -104,7 +115,11 @@ class RuntimeScorer:
         import torch
 
         keys = [k for k, _, _ in items]
-        hidden = np.stack([np.asarray(h, dtype=np.float32) for _, h, _ in items])
+        hs = [h for _, h, _ in items]
+        if isinstance(hs[0], torch.Tensor):  # rows on the engine's device (a ScoreBook's)
+            hidden = torch.stack(hs).float()
+        else:
+            hidden = np.stack([np.asarray(h, dtype=np.float32) for h in hs])
         cm = cn = None
         if self.needs_confidence:
             if logprobs is None:
@@ -123,3 +138,108 @@ class RuntimeScorer:
         for k, h, sc, i in zip(keys, new, scores, where, strict=True):
             self._hist[k] = h
             out[i] = float(sc)
+
+
+class ScoreBook:
+    """Per-trace scorer states by trace id, for scoring inside an engine (see the module
+    docstring). Only scorers on the hidden state alone: the thought confidences need the
+    sampled tokens' log-probs, which the driver has and the worker does not."""
+
+    def __init__(self, scorer: Any) -> None:
+        if scorer.needs_confidence:
+            raise ValueError("a scorer with confidence features scores in the driver, not in "
+                             "the engine")
+        self._rs = RuntimeScorer(scorer, threads=None)
+        self._kind = scorer.scorer_kind
+        # whether a state can be cut back to a prefix (else one state per step is kept)
+        self._cuttable = self._kind.prefix(self._kind.new_state(), 0, None) is not None
+        self._pos: dict[int, list[int]] = {}  # trace -> positions of its scored boundaries
+        self._scores: dict[int, list[float]] = {}  # trace -> its score after each of them
+        self._snaps: dict[int, list[Any]] = {}  # trace -> its state after each (not cuttable)
+        self._req: dict[int, int] = {}  # trace -> the incarnation its state is for
+        self.rows_scored = 0
+        """Boundary rows scored so far."""
+
+    def __len__(self) -> int:
+        return len(self._pos)
+
+    def current(self, trace: int) -> int | None:
+        """The incarnation ``trace``'s state was last started for (None: unknown trace)."""
+        return self._req.get(trace)
+
+    def start(self, trace: int, incarnation: int, src: int | None = None,
+              cut: int | None = None) -> None:
+        """A request of ``trace`` begins: fresh (no ``src``), or from ``src``'s state over its
+        boundaries at positions < ``cut`` (a branch: ``src`` is the parent; a revive: ``src``
+        is ``trace`` itself, cut to the tokens the driver kept). An unknown ``src`` (already
+        forgotten) starts fresh."""
+        self._req[trace] = incarnation
+        rs, kind = self._rs, self._kind
+        if src is None or src not in self._pos:
+            state, pos, scores, snaps = kind.new_state(), [], [], []
+        else:
+            pos, scores = self._pos[src], self._scores[src]
+            k = len(pos) if cut is None else bisect_left(pos, cut)
+            state = rs._hist[src]
+            if k < len(pos):
+                cut_state = kind.prefix(state, k, scores[k - 1] if k else None)
+                if cut_state is None:
+                    cut_state = self._snaps[src][k - 1] if k else kind.new_state()
+                state = cut_state
+            pos, scores = pos[:k], scores[:k]
+            snaps = self._snaps.get(src, [])[:k]
+        rs._hist[trace] = kind.fork(state)
+        rs._thought_start[trace] = 0
+        self._pos[trace], self._scores[trace] = pos, scores
+        if not self._cuttable:
+            self._snaps[trace] = snaps
+
+    def score(self, traces: Sequence[int], positions: Sequence[int],
+              hidden: Any) -> np.ndarray:
+        """Score one step's boundary rows (row i: ``traces[i]`` at ``positions[i]``, state
+        ``hidden[i]``; positions increasing per trace) in one batched forward per wave. Each
+        row's new trace score, NaN for a row at or before the trace's last scored position
+        (a recomputed prefill row). A trace never started starts fresh."""
+        out = np.full(len(traces), np.nan)
+        items, where = [], []
+        last: dict[int, int] = {}
+        for i, (t, p) in enumerate(zip(traces, positions, strict=True)):
+            if t not in self._pos:
+                self.start(t, 0)
+            prev = last.get(t)
+            if prev is None:
+                prev = self._pos[t][-1] if self._pos[t] else -1
+            if p <= prev:
+                continue
+            last[t] = p
+            items.append((t, hidden[i], p))
+            where.append(i)
+        if not items:
+            return out
+        pending = list(range(len(items)))
+        while pending:  # waves: one step per trace per forward, so each step's state is known
+            seen: set[int] = set()
+            wave, later = [], []
+            for k in pending:
+                (later if items[k][0] in seen else wave).append(k)
+                seen.add(items[k][0])
+            scores = self._rs.score([items[k] for k in wave])
+            for k, sc in zip(wave, scores, strict=True):
+                t, _, p = items[k]
+                out[where[k]] = sc
+                self._pos[t].append(p)
+                self._scores[t].append(sc)
+                if not self._cuttable:
+                    self._snaps[t].append(self._rs._hist[t])
+            pending = later
+        self.rows_scored += len(items)
+        return out
+
+    def forget(self, traces: Sequence[int]) -> None:
+        """Drop ``traces``' states (they ended for good: no branch or revive will follow)."""
+        for t in traces:
+            self._rs.drop(t)
+            self._pos.pop(t, None)
+            self._scores.pop(t, None)
+            self._snaps.pop(t, None)
+            self._req.pop(t, None)

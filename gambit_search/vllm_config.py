@@ -94,6 +94,21 @@ class VLLMEngineConfig:
     the sampled token's log-prob. ``SamplingSpec.logprobs=0`` gets the same values through
     vLLM's per-request logprob path, which cost a harvest 10-35 % of its throughput
     (docs/BENCHMARKS.md). Needs ``capture_hidden``."""
+    scorer: str | None = None
+    """A scorer checkpoint (``ckpt.pt``, on the hidden state alone) to score boundaries with
+    inside the vLLM worker, on the model's device, right after the capture: each
+    :class:`~gambit_search.engine.BoundaryEvent` then carries its trace's ``score`` and only
+    scores cross to the driver. None: the driver scores the states it receives. Needs
+    ``capture_hidden``."""
+    ship_hidden: bool = False
+    """With ``scorer``: also ship the boundary states (``BoundaryEvent.hidden``), e.g. to
+    check the worker's scores against the offline scorer. Without a scorer they always
+    travel."""
+    catch_up: bool = True
+    """Let each :meth:`~gambit_search.vllm_engine.VLLMEngine.step` also take every engine
+    output already waiting. vLLM's engine core steps on in its own process while the driver
+    scores and decides; taking what has piled up in one go bounds the driver's lag to one of
+    its own steps and shares its per-step cost among them. False: one engine step per call."""
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
     """Passed to ``vllm.LLM`` as is (overrides the above)."""
 
@@ -133,6 +148,10 @@ def check_config(config: VLLMEngineConfig) -> None:
         raise EngineError(f"stream_interval must be >= 1, got {config.stream_interval}")
     if config.capture_hidden and config.boundary_text is None and config.stride is None:
         raise EngineError("capture_hidden needs boundary_text or stride")
+    if config.scorer is not None and not config.capture_hidden:
+        raise EngineError("scorer needs capture_hidden=True (it scores the captured states)")
+    if config.scorer is not None and not Path(config.scorer).is_file():
+        raise EngineError(f"scorer checkpoint {config.scorer!r} does not exist")
     if config.sampled_logprobs and not config.capture_hidden:
         raise EngineError("sampled_logprobs needs capture_hidden=True (the log-probs are "
                           "read in the capture hook)")

@@ -56,8 +56,8 @@ class VTrace(TraceRecord):
     # fork's is its parent's): the newline run of split boundaries is counted from there
     req_id: str | None = None
     first_output_pending: bool = True
-    pending: dict[int, tuple[int, np.ndarray]] = field(default_factory=dict)  # output index
-    # -> (token, row): rows in before their token was delivered
+    pending: dict[int, tuple[int, np.ndarray, float | None]] = field(default_factory=dict)
+    # output index -> (token, row, worker's score): rows in before their token was delivered
     closed_at: int | None = None  # output index of the </think> that closed the reasoning
     # (negative: closed inside the prompt); None while the reasoning is open
     watermark: int = -1  # highest position the worker recorded for the current incarnation
@@ -193,7 +193,8 @@ class Delivery:
                 continue
             if ic != t.incarnation and j >= t.inc_limit.get(ic, 0):
                 continue  # a dropped incarnation's row past what was delivered
-            t.pending[j] = (int(m.tok[k]), m.rows[k])
+            t.pending[j] = (int(m.tok[k]), m.rows[k],
+                            None if m.score is None else float(m.score[k]))
             touched.add(tr)
         for tid in sorted(touched):
             out.boundaries.extend(self.flush_pending(traces[tid]))
@@ -226,12 +227,12 @@ class Delivery:
                 if t.status is not TraceStatus.RUNNING:
                     del t.pending[j]  # the token was never delivered: drop
                 continue
-            tok, vec = t.pending.pop(j)
+            tok, vec, score = t.pending.pop(j)
             if j <= t.last_emitted or t.output[j] != tok:
                 continue
             if t.closed_at is not None and j > t.closed_at:
                 continue
-            ev = BoundaryEvent(t.id, len(t.prompt) + j, j, tok, vec)
+            ev = BoundaryEvent(t.id, len(t.prompt) + j, j, tok, vec, score)
             t.last_emitted = j
             t.last_event = ev
             events.append(ev)

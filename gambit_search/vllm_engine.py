@@ -57,6 +57,7 @@ import logging
 import time
 import zlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,9 @@ __all__ = ["NO_BOUNDARY_WARN_TOKENS", "VLLMEngine", "VLLMEngineConfig", "boundar
            "validate_model_path"]
 
 logger = logging.getLogger(__name__)
+
+FORGET_BATCH = 256
+"""Released traces whose worker-side scorer states are dropped in one ``collective_rpc``."""
 
 NO_BOUNDARY_WARN_TOKENS = 512
 """An engine warns once (per engine, not per trace) when a trace with open reasoning has this
@@ -138,8 +142,10 @@ class VLLMEngine(Engine):
     def _capture_fields(self) -> dict[str, Any]:
         """What the worker is to capture (``CaptureSpec`` fields but the sink)."""
         cfg = self.config
+        scorer = self.scorer_checkpoint
         return {**self._vocab.capture_fields(), "stride": cfg.stride,
-                "logprobs": cfg.sampled_logprobs}
+                "logprobs": cfg.sampled_logprobs, "scorer": scorer,
+                "ship_rows": scorer is None or cfg.ship_hidden}
 
     def _start(self) -> None:
         """Start vLLM and install the capture (sets ``_rt``)."""
@@ -153,6 +159,7 @@ class VLLMEngine(Engine):
         self._by_req: dict[str, VTrace] = {}
         self._live: set[str] = set()  # request ids vLLM still runs
         self._errors: list[Delta] = []
+        self._forget: list[int] = []  # released traces whose worker-side scorer state is to go
         warn = cfg.capture_hidden and cfg.stride is None
         self._delivery = Delivery(self._traces, self._vocab.think, hold=cfg.capture_hidden,
                                   warn_after=NO_BOUNDARY_WARN_TOKENS if warn else None,
@@ -160,7 +167,7 @@ class VLLMEngine(Engine):
         self._steps = 0
         # driver-side wall and CPU seconds: in step() overall and inside vLLM's step()
         self.timing = {"steps": 0, "step_s": 0.0, "vllm_step_s": 0.0, "step_cpu_s": 0.0,
-                       "vllm_step_cpu_s": 0.0}
+                       "vllm_step_cpu_s": 0.0, "caught_up": 0}
 
     # -- facts ---------------------------------------------------------------------------------
     @property
@@ -183,6 +190,10 @@ class VLLMEngine(Engine):
     @property
     def captures_hidden(self) -> bool:
         return self.config.capture_hidden
+
+    @property
+    def scorer_checkpoint(self) -> str | None:
+        return None if self.config.scorer is None else str(Path(self.config.scorer).resolve())
 
     @property
     def runner_kind(self) -> str | None:
@@ -225,7 +236,14 @@ class VLLMEngine(Engine):
         if vocab.runs["start"]:
             run_from = max(len(t.prompt), len(ids) - 1)  # the first output row vLLM computes
             run_odd = vocab.odd_run(ids, t.text_start, run_from)
-        req = make_request_id(t.id, t.incarnation, len(t.prompt), closed, run_from, run_odd)
+        src = cut = None
+        if self.config.scorer is not None:  # the worker's scorer state this request continues
+            if t.incarnation > 0:  # a revive: its own, over the tokens kept
+                src, cut = t.id, len(ids)
+            elif t.parent is not None:  # a branch: its parent's, over its prompt
+                src, cut = t.parent, len(t.prompt)
+        req = make_request_id(t.id, t.incarnation, len(t.prompt), closed, run_from, run_odd,
+                              src, cut)
         t.req_id = req
         t.watermark = -1
         t.first_output_pending = True
@@ -301,6 +319,11 @@ class VLLMEngine(Engine):
 
     def release(self, trace: TraceId) -> None:
         self._traces.release(trace)
+        if self.config.scorer is not None:
+            self._forget.append(trace)
+            if len(self._forget) >= FORGET_BATCH:
+                self._rt.forget(self._forget)
+                self._forget = []
 
     def evict(self, trace: TraceId) -> None:
         t = self._traces.expect(trace, "evict", TraceStatus.RUNNING)
@@ -349,6 +372,14 @@ class VLLMEngine(Engine):
             for ro in ros:
                 self._on_output(ro, out)
             self._steps += 1
+            if self.config.catch_up:  # what the engine core made while we were away
+                from gambit_search._vllm_internals import outputs_waiting
+
+                while self._live and outputs_waiting(self._rt.engine):
+                    for ro in self._rt.engine.step():
+                        self._on_output(ro, out)
+                    self._steps += 1
+                    self.timing["caught_up"] += 1
         if self.config.capture_hidden:
             self._poll_rows(out)
             if not self._live or self._delivery.overdue:

@@ -107,6 +107,10 @@ class VLLMRuntime:
         else:
             self.engine.collective_rpc("gambit_uninstall")
 
+    def forget(self, traces: list[int]) -> None:
+        """Drop the worker-side scorer states of ``traces`` (one ``collective_rpc``)."""
+        self.engine.collective_rpc("gambit_forget", args=(list(traces),))
+
     def capture_stats(self) -> dict[str, float] | None:
         """Worker-side capture counters (see ``GambitWorkerExtension.gambit_stats``)."""
         stats = [s for s in self.engine.collective_rpc("gambit_stats") if s]

@@ -144,7 +144,7 @@ EOF
       tee "$OUT/engine_overhead_smol.txt" | grep -v "INFO\|WARNING" | tail -12 ;;
   bench-solve)
     gpu_env
-    $PY benchmarks/solve_bench.py --dataset toy:val:64 --n 32 --repeats "${2:-2}" \
+    $PY benchmarks/solve_bench.py --dataset toy:val:64 --n 32 --repeats "${2:-2}" "${@:3}" \
       --out "$OUT/solve_bench.json" 2>&1 | tee "$OUT/solve_bench.txt" | grep -v "INFO\|WARNING" | tail -30 ;;
   bench-tables)  # bench-tables SECONDS NAME=CONFIG:KV_GIB[:SEEDS] ...: toy tables in parallel, one
     # engine each, cut at SECONDS and resumable in /tmp/tables while the machine stays warm;

@@ -32,12 +32,17 @@ def _toy_engine_config():
         kv_cache_memory_bytes=256 << 20,  # 2048 blocks of 32 tokens: 256 toy traces fit
         seed=0,
         sampled_logprobs=True,  # the harvest's setting: every test runs the log-prob hook
+        # gambit-solve's default: the worker scores with the shipped SeqScorer; the states
+        # travel too, so the tests that read them (and compare the scores) can
+        scorer=str(REPO / "checkpoints" / "toy-scorer-seq" / "ckpt.pt"),
+        ship_hidden=True,
     )
 
 
 @pytest.fixture(scope="session")
 def vllm_engine():
-    """The session's one real engine (toy policy, fp32, block size 32, capture on)."""
+    """The session's one real engine (toy policy, fp32, block size 32, capture on, the
+    SeqScorer in the worker)."""
     if not TOY_POLICY.is_dir():
         pytest.skip("toy policy checkpoint missing")
     pytest.importorskip("vllm")

@@ -70,7 +70,7 @@ from gambit_search._vllm_internals.compat import (
 from gambit_search._vllm_internals.extension import WORKER_EXTENSION, GambitWorkerExtension
 from gambit_search._vllm_internals.logprobs import SampledLogprobs
 from gambit_search._vllm_internals.metrics import engine_facts, engine_metrics
-from gambit_search._vllm_internals.outputs import token_logprobs
+from gambit_search._vllm_internals.outputs import outputs_waiting, token_logprobs
 from gambit_search._vllm_internals.request_ids import ReqKey, make_request_id, parse_request_id
 from gambit_search._vllm_internals.runner_hooks import (
     install_capture,
@@ -105,6 +105,7 @@ __all__ = [
     "metrics",
     "on_cpu",
     "outputs",
+    "outputs_waiting",
     "parse_request_id",
     "request_ids",
     "request_params",

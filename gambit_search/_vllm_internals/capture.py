@@ -40,6 +40,7 @@ from gambit_search._vllm_internals.channel import (
 from gambit_search._vllm_internals.logprobs import SampledLogprobs
 from gambit_search._vllm_internals.row_filter import RowFilter
 from gambit_search._vllm_internals.spec import CaptureSpec
+from gambit_search.scoring import ScoreBook
 
 __all__ = ["CaptureSpec", "RowCapture"]
 
@@ -52,6 +53,7 @@ class _Step:
     tok: torch.Tensor  # [n] host
     lp: torch.Tensor | None = None  # [n] host float32: log-prob of the input token (NaN: unknown)
     event: Any = None  # CUDA event recorded after the host copies (None: ready at once)
+    device: Any = None  # the device the rows came from (where the scorer runs)
 
 
 def _to_host(t: torch.Tensor, fresh: bool = False) -> torch.Tensor:
@@ -83,8 +85,13 @@ class RowCapture:
     :meth:`drain` returns the kept rows as one blob (no sink: tests).
     """
 
-    def __init__(self, spec: CaptureSpec) -> None:
+    def __init__(self, spec: CaptureSpec, scorer: Any = None) -> None:
+        """``scorer``: a loaded scorer (on the model's device) to score the kept rows with
+        (:class:`~gambit_search.scoring.ScoreBook`); the spec names its checkpoint."""
         self.spec = spec
+        self._book: ScoreBook | None = None if scorer is None else ScoreBook(scorer)
+        self._started_of: list | None = None  # the keys list the book's starts were read for
+        self._stream: Any = None  # CUDA stream of the scorer's forwards
         self._rule = RowFilter(spec)
         self._logprobs = SampledLogprobs()
         self._last_ids: list[str] | None = None  # the last recorded step's request ids,
@@ -98,6 +105,12 @@ class RowCapture:
         self.steps_recorded = 0
         self.seconds = 0.0  # wall seconds spent in record (gather, filter, send)
         self.cpu_seconds = 0.0  # CPU seconds of this thread in record
+        self.score_seconds = 0.0  # wall seconds of those spent scoring
+
+    @property
+    def rows_scored(self) -> int:
+        """Boundary rows the worker's scorer has scored (0: no scorer)."""
+        return 0 if self._book is None else self._book.rows_scored
 
     @property
     def messages(self) -> int:
@@ -163,6 +176,7 @@ class RowCapture:
         step = _Step(ids, _to_host(r, fresh), _to_host(p, fresh), _to_host(t, fresh),
                      None if lp is None else _to_host(lp, fresh=True))
         step.event = self._make_event(r)
+        step.device = r.device
         self._pending.append(step)
         self._compact(block=len(self._pending) > self.spec.max_pending_steps)
         self._out.send()
@@ -193,15 +207,53 @@ class RowCapture:
         pos = st.pos.to(torch.int64).numpy()
         tok = st.tok.to(torch.int64).numpy()
         keys, trace, inc, sel = self._rule.select(st.req_ids, pos, tok)
-        if len(sel):
+        scores = None
+        if self._book is not None:
+            t0 = time.perf_counter()
+            scores = self._score(st, keys, trace, pos, sel)
+            self.score_seconds += time.perf_counter() - t0
+        if len(sel) and self.spec.ship_rows:
             rows = st.rows[torch.from_numpy(sel)].to(torch.float32).numpy()
         else:
-            rows = np.zeros((0, st.rows.shape[1]), dtype=np.float32)
+            rows = np.zeros((len(sel), st.rows.shape[1] if self.spec.ship_rows else 0),
+                            dtype=np.float32)
         self.rows_kept += len(sel)
         self._seq += 1
         self._out.outbox.append(encode_message(
             self._seq, trace, inc, pos, sel.astype(np.int64), [keys[i].ext for i in sel.tolist()],
-            tok[sel], rows, None if st.lp is None else st.lp.to(torch.float32).numpy()))
+            tok[sel], rows, None if st.lp is None else st.lp.to(torch.float32).numpy(), scores))
+
+    def _score(self, st: _Step, keys: list, trace: np.ndarray, pos: np.ndarray,
+               sel: np.ndarray) -> np.ndarray:
+        """The kept rows' trace scores from the book, after starting the states of the
+        step's new requests (a fork's or a revive's from its source, cut where its id
+        says). Runs on the rows' original device; on CUDA on a stream of its own, so the
+        wait for the scores waits for the scorer's kernels only, not for the next forward
+        already queued on the model's stream."""
+        book = self._book
+        assert book is not None
+        if keys is not self._started_of:  # the step's requests changed: any new ones?
+            self._started_of = keys
+            for k in {k.ext: k for k in keys}.values():
+                if book.current(k.trace) != k.incarnation:
+                    book.start(k.trace, k.incarnation, k.src if k.src >= 0 else None, k.cut)
+        if not len(sel):
+            return np.zeros(0)
+        dev = st.device
+        idx = torch.from_numpy(sel)
+        tr, ps = trace[sel].tolist(), pos[sel].tolist()
+        if dev.type == "cuda":
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(dev)
+            with torch.cuda.stream(self._stream):
+                h = st.rows[idx].to(dev, non_blocking=True)
+                return book.score(tr, ps, h)
+        return book.score(tr, ps, st.rows[idx])
+
+    def forget(self, traces: Sequence[int]) -> None:
+        """Drop the scorer states of ``traces`` (they ended for good)."""
+        if self._book is not None:
+            self._book.forget(traces)
 
     # -- shipping ------------------------------------------------------------------------
     def flush(self) -> tuple[int, list[bytes]]:

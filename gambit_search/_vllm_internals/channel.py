@@ -16,8 +16,9 @@ Both ends of one private ZMQ pipe and the message format, nothing else (no vLLM 
 A message (:class:`RowMessage`) lists the (trace, incarnation, position) of *every* Gambit
 row of its step, so the driver knows which rows exist (its watermark: when a trace's last
 row is in), plus the kept (boundary) rows' data as float32 and, when asked, every row's
-input-token log-prob. Messages are pickled dicts of numpy arrays and plain types (they cross
-processes and vLLM versions unchanged).
+input-token log-prob, and the kept rows' trace scores when the worker scores them (then
+the rows themselves are usually left out: ``rows`` is [m, 0]). Messages are pickled dicts
+of numpy arrays and plain types (they cross processes and vLLM versions unchanged).
 """
 
 from __future__ import annotations
@@ -59,11 +60,14 @@ class RowMessage(NamedTuple):
     """float32 [m, d]: the kept states."""
     lp: np.ndarray | None = None
     """float32 [n]: log-prob of every row's input token (NaN: unknown); None: not asked."""
+    score: np.ndarray | None = None
+    """float64 [m]: each kept row's trace score, from the worker's scorer (NaN: a row it did
+    not score); None: the worker does not score."""
 
 
 def encode_message(seq: int, trace: np.ndarray, inc: np.ndarray, pos: np.ndarray,
                    keep: np.ndarray, ids: list[str], tok: np.ndarray, rows: np.ndarray,
-                   lp: np.ndarray | None) -> bytes:
+                   lp: np.ndarray | None, score: np.ndarray | None = None) -> bytes:
     """The bytes of one :class:`RowMessage` (fields as there)."""
     return pickle.dumps({
         "seq": seq,
@@ -75,6 +79,7 @@ def encode_message(seq: int, trace: np.ndarray, inc: np.ndarray, pos: np.ndarray
         "tok": tok,
         "rows": rows,
         "lp": lp,
+        "score": score,
     }, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -82,7 +87,7 @@ def decode_message(blob: bytes) -> RowMessage:
     """A pushed message."""
     d = pickle.loads(blob)
     return RowMessage(int(d["seq"]), d["trace"], d["inc"], d["pos"], d["keep"], d["ids"],
-                      d["tok"], d["rows"], d.get("lp"))
+                      d["tok"], d["rows"], d.get("lp"), d.get("score"))
 
 
 def encode_rows(msgs: list[RowMessage]) -> bytes | None:

@@ -5,8 +5,9 @@ with ``LLM(worker_extension_cls=WORKER_EXTENSION)``: each worker process imports
 by the dotted path in :data:`WORKER_EXTENSION` (``resolve_obj_by_qualname`` in
 ``WorkerWrapperBase.init_worker``, read in 0.32.0; run on 0.26.0 and 0.32.0) and appends the
 class to its worker class's bases, refusing any attribute the worker already has. The driver then calls its methods with ``llm.collective_rpc("gambit_...")``:
-``gambit_install`` (start capturing with a spec), ``gambit_uninstall``, ``gambit_flush``
-(the row barrier) and ``gambit_stats``. Arguments and answers are plain types (they are
+``gambit_install`` (start capturing with a spec, loading its scorer onto the model's device
+when it names one), ``gambit_uninstall``, ``gambit_flush`` (the row barrier),
+``gambit_forget`` (drop ended traces' scorer states) and ``gambit_stats``. Arguments and answers are plain types (they are
 pickled across processes).
 
 Only the worker with TP rank 0 on the last pipeline stage records; the others answer
@@ -48,7 +49,17 @@ class GambitWorkerExtension:
         old = getattr(self, "_gambit_capture", None)
         if old is not None:
             old.close()
-        cap = RowCapture(CaptureSpec.from_dict(spec))
+        cs = CaptureSpec.from_dict(spec)
+        scorer = None
+        if cs.scorer is not None and records:
+            from gambit_scorer.checkpoint import load_scorer
+
+            # on the model's device, right where the rows are (worker.device: read in
+            # 0.32.0 MRV1 and 0.26.0 MRV2)
+            device = getattr(self, "device", None) or getattr(runner, "device", "cpu")
+            scorer = load_scorer(cs.scorer, device=device,
+                                 expected_hidden_size=int(self.model_config.get_hidden_size()))  # type: ignore[attr-defined]
+        cap = RowCapture(cs, scorer)
         if records:
             kind = install_capture(runner, cap)
         self._gambit_capture = cap if records else None
@@ -68,6 +79,12 @@ class GambitWorkerExtension:
         cap = getattr(self, "_gambit_capture", None)
         return None if cap is None else cap.flush()
 
+    def gambit_forget(self, traces: list[int]) -> None:
+        """Drop the worker-side scorer states of ``traces`` (ended for good)."""
+        cap = getattr(self, "_gambit_capture", None)
+        if cap is not None:
+            cap.forget(traces)
+
     def gambit_stats(self) -> dict[str, float] | None:
         """Counters of the recording worker: steps recorded, rows seen, rows kept, messages
         sent and seconds spent capturing."""
@@ -76,4 +93,5 @@ class GambitWorkerExtension:
             return None
         return {"steps": cap.steps_recorded, "rows_seen": cap.rows_seen,
                 "rows_kept": cap.rows_kept, "messages": cap.messages,
-                "capture_s": cap.seconds, "capture_cpu_s": cap.cpu_seconds}
+                "capture_s": cap.seconds, "capture_cpu_s": cap.cpu_seconds,
+                "rows_scored": cap.rows_scored, "score_s": cap.score_seconds}

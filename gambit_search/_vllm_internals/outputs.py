@@ -1,4 +1,5 @@
-"""Reading vLLM's per-request outputs: the log-probabilities of a ``CompletionOutput``.
+"""Reading vLLM's outputs: the log-probabilities of a ``CompletionOutput``, and whether
+more engine outputs are already waiting.
 
 Used by :class:`~gambit_search.vllm_engine.VLLMEngine` for every delta of a trace whose
 ``SamplingSpec`` asks for log-probs (:func:`token_logprobs`). Gambit requests them with
@@ -6,6 +7,11 @@ Used by :class:`~gambit_search.vllm_engine.VLLMEngine` for every delta of a trac
 token): vLLM's ``FlatLogprobs`` (``token_ids``, ``logprobs``, ``ranks``, ``start_indices``,
 ``end_indices``; 0.26.0 and 0.32.0). The per-token dict layout (``{token id: Logprob(logprob,
 rank)}``) is read too, for a build without flat log-probs.
+
+:func:`outputs_waiting`: in vLLM's default multiprocess mode the engine core steps in its own
+process (``EngineCoreProc.run_busy_loop``) whatever the driver does, and a thread of the
+``SyncMPClient`` puts each step's ``EngineCoreOutputs`` on ``outputs_queue``, which
+``LLMEngine.step()`` takes one at a time (read in 0.32.0; the same names in 0.26.0).
 """
 
 from __future__ import annotations
@@ -14,7 +20,17 @@ from typing import Any
 
 from gambit_search.engine import TokenLogprobs
 
-__all__ = ["token_logprobs"]
+__all__ = ["outputs_waiting", "token_logprobs"]
+
+
+def outputs_waiting(llm_engine: Any) -> int:
+    """How many engine-core outputs ``llm_engine.step()`` would return without waiting (0
+    when unknown: an in-process engine core, or a vLLM without the queue)."""
+    q = getattr(getattr(llm_engine, "engine_core", None), "outputs_queue", None)
+    try:
+        return int(q.qsize()) if q is not None else 0
+    except (AttributeError, NotImplementedError, TypeError):
+        return 0
 
 
 def token_logprobs(new: tuple[int, ...], lp: Any, k: int) -> tuple[TokenLogprobs, ...]:

@@ -43,6 +43,14 @@ class CaptureSpec:
     """Also ship, for every Gambit row, the log-probability of its input token under the
     previous step's raw logits (see :class:`SampledLogprobs`)."""
 
+    scorer: str | None = None
+    """A scorer checkpoint (``ckpt.pt``) to score the boundary rows with inside the worker,
+    on the model's device (:class:`~gambit_search.scoring.ScoreBook`); each kept row then
+    travels with its trace score. None: rows only, scored by the driver."""
+    ship_rows: bool = True
+    """Send the kept rows' states to the driver (off when the worker scores and nobody reads
+    them: only scores cross)."""
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CaptureSpec:
         return cls(**d)

@@ -27,6 +27,7 @@ from gambit_search.solve.outputs import read_results, summarize, write_result
 from gambit_search.solve.rescore import rescore
 from gambit_search.solve.run import (
     Prepared,
+    engine_scorer,
     load_run_questions,
     prepare,
     run_prepared,
@@ -36,7 +37,8 @@ from gambit_search.solve.run import (
 )
 
 __all__ = ["DEFAULT_MODEL", "DEFAULT_SCORER", "PROG", "Prepared", "SolveConfig",
-           "SolveInputError", "bind_method", "check_config", "load_run_questions", "main",
+           "SolveInputError", "bind_method", "check_config", "engine_scorer", "load_run_questions",
+           "main",
            "make_config",
            "params_from_flat", "prepare", "read_results", "rescore", "run_prepared", "solve",
            "solve_methods", "start_engine", "summarize", "write_result"]

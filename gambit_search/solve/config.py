@@ -60,6 +60,10 @@ class SolveConfig(SamplingConfig):
     score_every: int = 1
     """Score waiting thought boundaries in one batched forward every N engine steps (and at
     once when a trace finishes): N > 1 trades score freshness for fewer scorer forwards."""
+    score_in_engine: bool = True
+    """Score boundaries inside the engine (vLLM's worker), on the model's device, so only
+    scores cross to the driver. Off, or for a scorer with confidence features, the driver
+    scores the states it receives."""
     engine: str = "vllm"
     """Engine: "vllm", or "fake" (the scripted engine: tests and dry runs)."""
     out: str | None = field(default=None, metadata=RUN_ONLY)

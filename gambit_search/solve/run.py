@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -49,14 +50,33 @@ def load_run_questions(cfg: SolveConfig, question: str | None) -> list[Any]:
         raise InputError(f"cannot load dataset {cfg.dataset!r}: {e}") from None
 
 
-def start_engine(cfg: SolveConfig, needs_confidence: bool = False) -> tuple[Any, Any]:
-    """(engine, decode) for ``cfg``, from the engine registry."""
+def start_engine(cfg: SolveConfig, needs_confidence: bool = False,
+                 scorer: str | None = None) -> tuple[Any, Any]:
+    """(engine, decode) for ``cfg``, from the engine registry; ``scorer``: a checkpoint for
+    the engine to score boundaries with itself (:func:`engine_scorer`)."""
     from gambit_search.engines import EngineSettings, get_engine_kind
 
     kind = get_engine_kind(cfg.engine)
     eng = kind.start(EngineSettings(model=cfg.model, max_live=cfg.max_live, seed=cfg.seed,
-                                    kv_cache=cfg.kv_cache, confidence=needs_confidence))
+                                    kv_cache=cfg.kv_cache, confidence=needs_confidence,
+                                    scorer=scorer))
     return eng, kind.decoder(eng)
+
+
+def engine_scorer(preps: Sequence[Prepared]) -> str | None:
+    """The checkpoint the engine is to score with for these runs: the one scorer they all
+    use (``--score-in-engine``, no confidence features, an engine kind that can), else None
+    (the driver scores)."""
+    from gambit_search.engines import get_engine_kind
+
+    paths = set()
+    for p in preps:
+        if p.scorer is None or not p.cfg.score_in_engine:
+            continue  # scores nothing, or its driver scores
+        if p.needs_confidence or not get_engine_kind(p.cfg.engine).scores_inside:
+            return None
+        paths.add(str(Path(p.cfg.scorer).resolve()))
+    return paths.pop() if len(paths) == 1 else None
 
 
 @dataclass
@@ -106,6 +126,20 @@ def prepare(cfg: SolveConfig, question: str | None = None, hidden_size: int | No
     return Prepared(cfg, question, bound, questions, scorer, facts.tokenizer, todo)
 
 
+def driver_scorer(prep: Prepared, engine: Any) -> Any:
+    """The scorer the driver runs itself (a :class:`~gambit_search.scoring.RuntimeScorer`),
+    or None: the method scores nothing, or the engine scores with this run's checkpoint."""
+    from gambit_search.scoring import RuntimeScorer
+
+    if prep.scorer is None:
+        return None
+    if (prep.cfg.score_in_engine and engine.scorer_checkpoint is not None
+            and engine.scorer_checkpoint == str(Path(prep.cfg.scorer).resolve())
+            and not prep.needs_confidence):
+        return None
+    return RuntimeScorer(prep.scorer)
+
+
 def _defaults(bound: Any) -> dict:
     """Fingerprint values for keys an older run_config.json lacks."""
     d = {f.name: f.default for f in dataclasses.fields(SolveConfig)
@@ -119,8 +153,6 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
     from gambit_search.driver import Driver, DriverConfig
     from gambit_search.engine import SamplingSpec
     from gambit_search.engines import get_engine_kind
-    from gambit_search.scoring import RuntimeScorer
-
     cfg, bound = prep.cfg, prep.bound
     out = Path(cfg.out) if cfg.out else None
     driver = None
@@ -132,7 +164,7 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
         prompt = get_engine_kind(cfg.engine).prompt_ids(prep.tokenizer or
                                                         getattr(engine, "tokenizer", None))
         driver = Driver(engine, bound, prompt_ids=lambda q: prompt(q.question), decode=decode,
-                        spec=spec, scorer=RuntimeScorer(prep.scorer) if prep.scorer else None,
+                        spec=spec, scorer=driver_scorer(prep, engine),
                         config=DriverConfig(max_live=cfg.max_live, seed=cfg.seed,
                                             score_every=cfg.score_every, vote_rule=cfg.rule))
         rows = _drive(prep, driver, out, progress)
@@ -213,7 +245,7 @@ def solve(cfg: SolveConfig, question: str | None = None, *, engine: Any = None,
     prep = prepare(cfg, question, engine.hidden_size if engine is not None else None)
     if engine is not None or not prep.todo:
         return run_prepared(prep, engine, decode, progress)
-    engine, decode = start_engine(cfg, prep.needs_confidence)
+    engine, decode = start_engine(cfg, prep.needs_confidence, engine_scorer([prep]))
     try:
         return run_prepared(prep, engine, decode, progress)
     finally:
@@ -228,7 +260,8 @@ def solve_methods(cfgs: list[SolveConfig], question: str | None = None,
     preps = [prepare(c, question) for c in cfgs]
     engine = decode = None
     if any(p.todo for p in preps):
-        engine, decode = start_engine(cfgs[0], any(p.needs_confidence for p in preps))
+        engine, decode = start_engine(cfgs[0], any(p.needs_confidence for p in preps),
+                                      engine_scorer(preps))
     try:
         return [run_prepared(p, engine, decode, progress) for p in preps]
     finally:

@@ -1,0 +1,136 @@
+"""Scoring where the hidden states are: :class:`~gambit_search.scoring.ScoreBook` (the
+worker's per-trace scorer states) against the offline scorer, on synthetic states (fast) and
+inside the real vLLM worker on the toy policy (slow: the session engine scores with the
+shipped SeqScorer and ships the states too, so both can be compared).
+
+    .venv/bin/python -m pytest -q tests/test_worker_scoring.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gambit_search.engine import SamplingSpec, TraceStatus
+from gambit_search.scoring import ScoreBook
+
+REPO = Path(__file__).resolve().parents[1]
+CKPT = {k: REPO / "checkpoints" / f"toy-scorer-{k}" / "ckpt.pt" for k in ("mlp", "seq")}
+
+
+def _scorer(kind: str):
+    from gambit_scorer.checkpoint import load_scorer
+
+    return load_scorer(CKPT[kind])
+
+
+def _offline(sc, states: list[np.ndarray]) -> np.ndarray:
+    """The trace score after each step, from the whole history at once."""
+    with torch.inference_mode():
+        return sc.scorer_kind.score_trace(sc.model, sc.make_features(np.stack(states)))
+
+
+@pytest.mark.parametrize("kind", ["mlp", "seq"])
+def test_a_branch_and_a_revive_start_from_the_prefix_their_prompt_holds(kind):
+    sc = _scorer(kind)
+    rng = np.random.default_rng(0)
+    d = sc.hidden_size
+    book = ScoreBook(sc)
+    # trace 0: boundaries at positions 10, 20, 30, 40 (two of them in one step)
+    h0 = [rng.standard_normal(d).astype(np.float32) for _ in range(4)]
+    book.start(0, 0)
+    a = book.score([0], [10], np.stack(h0[:1]))
+    b = book.score([0, 0], [20, 30], np.stack(h0[1:3]))
+    c = book.score([0], [40], np.stack(h0[3:]))
+    np.testing.assert_allclose(np.r_[a, b, c], _offline(sc, h0), rtol=1e-5, atol=1e-6)
+    # a recomputed row (a prefill at a position already scored) is not scored again
+    assert np.isnan(book.score([0], [30], np.stack(h0[2:3]))[0])
+    # a branch cut at 25 inherits the boundaries at 10 and 20 only
+    h1 = [rng.standard_normal(d).astype(np.float32) for _ in range(2)]
+    book.start(1, 0, src=0, cut=25)
+    got = book.score([1, 1], [26, 35], np.stack(h1))
+    np.testing.assert_allclose(got, _offline(sc, h0[:2] + h1)[2:], rtol=1e-5, atol=1e-6)
+    # the parent is untouched by its branch
+    np.testing.assert_allclose(book.score([0], [50], np.stack(h1[:1])),
+                               _offline(sc, h0 + h1[:1])[-1:], rtol=1e-5, atol=1e-6)
+    # a revive of trace 0 cut at 31 (its tokens after 30 were dropped): 10, 20, 30 remain
+    book.start(0, 1, src=0, cut=31)
+    np.testing.assert_allclose(book.score([0], [33], np.stack(h1[1:])),
+                               _offline(sc, h0[:3] + h1[1:])[-1:], rtol=1e-5, atol=1e-6)
+    # forgetting a source: a later branch of it starts fresh
+    book.forget([0])
+    book.start(2, 0, src=0, cut=99)
+    np.testing.assert_allclose(book.score([2], [5], np.stack(h1[:1])),
+                               _offline(sc, h1[:1]), rtol=1e-5, atol=1e-6)
+    assert book.current(2) == 0 and book.current(0) is None and len(book) == 2
+
+
+def test_a_scorer_with_confidence_features_is_refused():
+    class Conf:
+        needs_confidence = True
+
+    with pytest.raises(ValueError, match="confidence"):
+        ScoreBook(Conf())
+
+
+def test_request_ids_carry_the_scorer_source_and_cut():
+    from gambit_search._vllm_internals import make_request_id, parse_request_id
+
+    rid = make_request_id(5, 1, 30, False, 31, True, src=3, cut=45)
+    k = parse_request_id(rid + "-0a1b2c3d")
+    assert (k.trace, k.incarnation, k.run_from, k.run_odd, k.src, k.cut) == (5, 1, 31, True, 3, 45)
+    assert parse_request_id(make_request_id(5, 0, 30, True)).src == -1
+
+
+@pytest.mark.slow
+def test_worker_scores_equal_the_offline_scorer_across_forks_and_revives(engine,
+                                                                         toy_tokenizer):
+    """The session engine's worker scores with the SeqScorer; every event also carries its
+    state, so the offline scorer can score each trace's whole history (a branch's: its
+    parent's boundaries before its prompt ends, then its own) and must agree to fp32."""
+    from gambit_core.prompts import build_prompt_ids
+
+    assert engine.scores_boundaries
+    prompt = build_prompt_ids("Start 12. Ops: +3 -2 +5 *2 -7. Mod 100.", toy_tokenizer)
+    spec = SamplingSpec(temperature=0.9, max_tokens=300)
+    ts = [engine.add_trace(prompt, spec, seed=i) for i in range(6)]
+    events: dict[int, list] = {}
+    parent: dict[int, int] = {}
+    for step in range(400):
+        if not engine.has_unfinished():
+            break
+        for b in engine.step().boundaries:
+            events.setdefault(b.trace, []).append(b)
+        if step == 12:
+            for t in ts[:2]:  # branches: at the parent's tip, and at an earlier token
+                parent[engine.fork(t, seed=100 + t)] = t
+                out = engine.trace_info(t).output_ids
+                parent[engine.fork(t, seed=200 + t, at=max(1, len(out) // 2))] = t
+        if step == 20 and engine.trace_info(ts[3]).status is TraceStatus.RUNNING:
+            engine.evict(ts[3])
+        if step == 24 and engine.trace_info(ts[3]).status is TraceStatus.EVICTED:
+            engine.revive(ts[3])
+    engine.step()
+    sc = _scorer("seq")
+
+    def history(t: int) -> list:
+        if t not in parent:
+            return events.get(t, [])
+        cut = len(engine.trace_info(t).prompt_ids)
+        return [b for b in history(parent[t]) if b.position < cut] + events.get(t, [])
+
+    compared = 0
+    for t, own in events.items():
+        h = history(t)
+        off = _offline(sc, [b.hidden for b in h])[len(h) - len(own):]
+        got = np.array([b.score for b in own])
+        assert not np.isnan(got).any()
+        np.testing.assert_allclose(got, off, rtol=1e-4, atol=1e-5)
+        compared += len(own)
+    assert compared > 50 and any(t in events for t in parent)
+    assert engine.trace_info(ts[3]).incarnation == 1
+    stats = engine.capture_stats()
+    assert stats["rows_scored"] >= compared
