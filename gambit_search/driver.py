@@ -298,7 +298,8 @@ class Driver(MemoryMixin):
             self._read_memory()  # the first memory-using question of a mixed run (a server)
         policy = bound.policy(self.ctx)
         st = _Q(q, policy, prompt, time.perf_counter(), bound=bound,
-                spec=job.spec if job is not None else self.spec,
+                spec=replace(job.spec if job is not None else self.spec,
+                             score=bool(bound.method.scores_traces)),
                 rule=job.rule if job is not None else None,
                 texts={} if self.cfg.keep_texts else None, slots=bound.slots)
         self._live_slots += st.slots

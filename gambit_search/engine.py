@@ -123,6 +123,9 @@ class SamplingSpec:
     """Extra token ids that end the trace (EOS always does)."""
     ignore_eos: bool = False
     """Keep generating past EOS (benchmarks only)."""
+    score: bool = True
+    """Whether an engine that scores boundaries itself scores this trace's (False: the
+    caller reads no scores, e.g. self-consistency, and the engine spends nothing on them)."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

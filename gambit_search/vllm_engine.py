@@ -243,7 +243,7 @@ class VLLMEngine(Engine):
             elif t.parent is not None:  # a branch: its parent's, over its prompt
                 src, cut = t.parent, len(t.prompt)
         req = make_request_id(t.id, t.incarnation, len(t.prompt), closed, run_from, run_odd,
-                              src, cut)
+                              src, cut, quiet=self.config.scorer is not None and not t.spec.score)
         t.req_id = req
         t.watermark = -1
         t.first_output_pending = True

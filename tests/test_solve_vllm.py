@@ -134,3 +134,26 @@ def test_step_aborts_before_vllm_preempts(small_engine, decode):
     for r in results:
         assert r["tree_stats"]["started"] <= 24
         assert r["tree_stats"]["completions"] + r["tree_stats"]["prunes"] == 24
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("in_engine", [True, False])
+def test_gambit_scores_in_the_worker_or_in_the_driver(engine, decode, tmp_path, in_engine):
+    """The session engine scores in its worker (and ships the states): with
+    --score-in-engine the driver runs no scorer and the tournament ranks on the worker's
+    scores; without, the driver scores the shipped states. Both keep the budget."""
+    from gambit_search.solve import make_config, solve
+
+    cfg = make_config(dataset="toy:test:3", method="gambit", n=8, capacity=4, swap=2,
+                      interval=4, warmup=24, score_in_engine=in_engine, out=str(tmp_path))
+    s = solve(cfg, engine=engine, decode=decode, progress=False)
+    assert s["questions"] == 3 and s["failed"] == 0
+    assert (s["timing"]["scoring_s"] == 0) == in_engine  # who ran the scorer
+    rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().split("\n") if x]
+    for r in rows:
+        assert r["tree_stats"]["completions"] == 8
+    trees = [json.loads(f.read_text()) for f in (tmp_path / "trees").glob("*.json")]
+    assert len(trees) == 3
+    for t in trees:  # the tournament saw scores either way
+        nodes = t["nodes"] if isinstance(t, dict) else t
+        assert any(n["scores"] for n in nodes)

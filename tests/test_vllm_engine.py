@@ -112,13 +112,13 @@ def test_hidden_states_of_a_scorer_free_run_or_unknown_trace_are_clear_errors(mo
 
 def test_request_ids_and_reasoning_state():
     rid = vi.make_request_id(12, 3, 40, closed=False)
-    assert vi.parse_request_id(rid + "-ab12cd34") == (rid, 12, 3, 40, False, -1, False, -1, 0)
+    assert vi.parse_request_id(rid + "-ab12cd34") == (rid, 12, 3, 40, False, -1, False, -1, 0, False)
     assert vi.parse_request_id(rid) == vi.ReqKey(rid, 12, 3, 40, False)
     assert vi.parse_request_id("chat-1-ab12cd34") is None
     run = vi.make_request_id(12, 3, 40, closed=True, run_from=57, run_odd=True)
-    assert vi.parse_request_id(run + "-0a1b2c3d") == (run, 12, 3, 40, True, 57, True, -1, 0)
+    assert vi.parse_request_id(run + "-0a1b2c3d") == (run, 12, 3, 40, True, 57, True, -1, 0, False)
     run = vi.make_request_id(1, 0, 5, closed=False, run_from=5)
-    assert vi.parse_request_id(run + "-deadbeef") == (run, 1, 0, 5, False, 5, False, -1, 0)
+    assert vi.parse_request_id(run + "-deadbeef") == (run, 1, 0, 5, False, 5, False, -1, 0, False)
     for v in ("0.26.0", "0.30.2", "0.32.0", "0.33.1"):
         assert vi.vllm_version_supported(v), v
     assert not vi.vllm_version_supported("0.34.0")

@@ -83,6 +83,28 @@ def test_request_ids_carry_the_scorer_source_and_cut():
     k = parse_request_id(rid + "-0a1b2c3d")
     assert (k.trace, k.incarnation, k.run_from, k.run_odd, k.src, k.cut) == (5, 1, 31, True, 3, 45)
     assert parse_request_id(make_request_id(5, 0, 30, True)).src == -1
+    assert parse_request_id(make_request_id(5, 0, 30, True, quiet=True) + "-0a1b2c3d").quiet
+    assert not parse_request_id(make_request_id(5, 0, 30, True)).quiet
+
+
+@pytest.mark.slow
+def test_the_worker_scores_nothing_for_a_trace_nobody_reads_scores_of(engine, toy_tokenizer):
+    from gambit_core.prompts import build_prompt_ids
+
+    prompt = build_prompt_ids("Start 3. Ops: +3 -2 +5. Mod 100.", toy_tokenizer)
+    before = engine.capture_stats()["rows_scored"]
+    loud = engine.add_trace(prompt, SamplingSpec(temperature=0.8, max_tokens=200), seed=1)
+    quiet = engine.add_trace(prompt, SamplingSpec(temperature=0.8, max_tokens=200, score=False),
+                             seed=2)
+    ev: dict[int, list] = {}
+    while engine.has_unfinished():
+        for b in engine.step().boundaries:
+            ev.setdefault(b.trace, []).append(b)
+    engine.step()
+    assert ev[loud] and ev[quiet]  # both deliver their boundaries (and states)
+    assert all(b.score == b.score for b in ev[loud])
+    assert all(b.score != b.score for b in ev[quiet])  # NaN: not scored
+    assert engine.capture_stats()["rows_scored"] - before == len(ev[loud])
 
 
 @pytest.mark.slow

@@ -237,6 +237,19 @@ class RowCapture:
             for k in {k.ext: k for k in keys}.values():
                 if book.current(k.trace) != k.incarnation:
                     book.start(k.trace, k.incarnation, k.src if k.src >= 0 else None, k.cut)
+        quiet = np.fromiter((keys[i].quiet for i in sel.tolist()), dtype=bool, count=len(sel))
+        if quiet.any():  # rows nobody reads the scores of (self-consistency's): NaN
+            out = np.full(len(sel), np.nan)
+            loud = np.flatnonzero(~quiet)
+            if len(loud):
+                out[loud] = self._score_rows(st, trace, pos, sel[loud])
+            return out
+        return self._score_rows(st, trace, pos, sel)
+
+    def _score_rows(self, st: _Step, trace: np.ndarray, pos: np.ndarray,
+                    sel: np.ndarray) -> np.ndarray:
+        book = self._book
+        assert book is not None
         if not len(sel):
             return np.zeros(0)
         dev = st.device

@@ -4,7 +4,7 @@ The capture hook in the worker sees only vLLM's request ids (and rows, positions
 the driver packs what the worker needs to judge a request's rows into its id, built with
 :func:`make_request_id`::
 
-    gambit-<trace>-<incarnation>-p<trace prompt len>-<o|c>[s<first position>[n]][f<src>x<cut>]
+    gambit-<trace>-<incarnation>-p<trace prompt len>-<o|c>[s<first position>[n]][f<src>x<cut>][q]
 
 vLLM appends ``-<8 random chars>`` to the external id internally, and that is the id the
 model runner sees (``InputProcessor.assign_request_id``, read in 0.32.0; the capture ran on
@@ -21,12 +21,12 @@ from typing import NamedTuple
 __all__ = ["ReqKey", "make_request_id", "parse_request_id"]
 
 _ID_RE = re.compile(
-    r"^(gambit-(\d+)-(\d+)-p(\d+)-([oc])(?:s(\d+)(n?))?(?:f(\d+)x(\d+))?)(?:-.*)?$")
+    r"^(gambit-(\d+)-(\d+)-p(\d+)-([oc])(?:s(\d+)(n?))?(?:f(\d+)x(\d+))?(q?))(?:-.*)?$")
 
 
 def make_request_id(trace: int, incarnation: int, trace_prompt_len: int, closed: bool,
                     run_from: int | None = None, run_odd: bool = False,
-                    src: int | None = None, cut: int | None = None) -> str:
+                    src: int | None = None, cut: int | None = None, quiet: bool = False) -> str:
     """External vLLM request id of one incarnation of a trace.
 
     ``trace_prompt_len`` is the length of the trace's own prompt (not of the request's, which
@@ -38,11 +38,14 @@ def make_request_id(trace: int, incarnation: int, trace_prompt_len: int, closed:
     fork's or a revive's earlier tokens). ``src``/``cut`` (scoring in the worker): the
     request continues trace ``src``'s scorer state over its boundaries at positions < ``cut``
     (a fork: the parent, cut at the child's prompt; a revive: the trace itself, cut at the
-    tokens kept).
+    tokens kept). ``quiet``: the worker's scorer skips this request's rows (nobody reads
+    its scores).
     """
     run = "" if run_from is None else f"s{int(run_from)}{'n' if run_odd else ''}"
     if src is not None:
         run += f"f{int(src)}x{int(cut if cut is not None else 0)}"
+    if quiet:
+        run += "q"
     return f"gambit-{trace}-{incarnation}-p{trace_prompt_len}-{'c' if closed else 'o'}{run}"
 
 
@@ -65,6 +68,8 @@ class ReqKey(NamedTuple):
     """Trace whose scorer state this request continues (-1: a fresh state)."""
     cut: int = 0
     """Only ``src``'s boundaries at positions below this carry over."""
+    quiet: bool = False
+    """The worker's scorer skips this request's rows."""
 
 
 def parse_request_id(request_id: str) -> ReqKey | None:
@@ -75,4 +80,4 @@ def parse_request_id(request_id: str) -> ReqKey | None:
     return ReqKey(m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)),
                   m.group(5) == "c", int(m.group(6)) if m.group(6) is not None else -1,
                   m.group(7) == "n", int(m.group(8)) if m.group(8) is not None else -1,
-                  int(m.group(9)) if m.group(9) is not None else 0)
+                  int(m.group(9)) if m.group(9) is not None else 0, m.group(10) == "q")

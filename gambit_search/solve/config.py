@@ -60,10 +60,12 @@ class SolveConfig(SamplingConfig):
     score_every: int = 1
     """Score waiting thought boundaries in one batched forward every N engine steps (and at
     once when a trace finishes): N > 1 trades score freshness for fewer scorer forwards."""
-    score_in_engine: bool = True
+    score_in_engine: bool = False
     """Score boundaries inside the engine (vLLM's worker), on the model's device, so only
-    scores cross to the driver. Off, or for a scorer with confidence features, the driver
-    scores the states it receives."""
+    scores cross to the driver (not for a scorer with confidence features). Off by default:
+    on the 2-core CPU the worker's forward sits on the engine's critical path and Gambit ran
+    at 0.60 of SC's decode against 0.82 with the driver scoring (docs/BENCHMARKS.md); the GPU
+    measurement that would decide the default there is still to be made."""
     engine: str = "vllm"
     """Engine: "vllm", or "fake" (the scripted engine: tests and dry runs)."""
     out: str | None = field(default=None, metadata=RUN_ONLY)

@@ -71,10 +71,11 @@ def engine_scorer(preps: Sequence[Prepared]) -> str | None:
 
     paths = set()
     for p in preps:
-        if p.scorer is None or not p.cfg.score_in_engine:
-            continue  # scores nothing, or its driver scores
-        if p.needs_confidence or not get_engine_kind(p.cfg.engine).scores_inside:
-            return None
+        if p.scorer is None:
+            continue  # scores nothing
+        if (not p.cfg.score_in_engine or p.needs_confidence
+                or not get_engine_kind(p.cfg.engine).scores_inside):
+            return None  # a driver that scores needs the states: the engine ships them
         paths.add(str(Path(p.cfg.scorer).resolve()))
     return paths.pop() if len(paths) == 1 else None
 
