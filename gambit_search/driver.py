@@ -17,10 +17,10 @@ Scoring and pipelining. An engine that scores boundaries itself
 (``engine.scores_boundaries``: vLLM with ``VLLMEngineConfig.scorer``, gambit-solve's default)
 hands over events that carry their trace's score, computed in the worker on the model's
 device; the driver then runs no scorer and only scores cross processes. vLLM's engine core
-steps in its own process while the driver scores and decides, and the adapter's ``step``
-takes every output already waiting (``catch_up``), so the driver works on the newest state
-and its decisions lag the engine by at most one of its own steps: harmless for a tournament
-that acts every D >= 8 boundaries.
+steps in its own process while the driver scores and decides; with ``catch_up`` (off by
+default) the adapter's ``step`` takes every output already waiting, so the driver works on
+the newest state and its decisions lag the engine by at most one of its own steps: harmless
+for a tournament that acts every D >= 8 boundaries.
 
 Order of events within one engine step, per question: :class:`Scored` (the step's
 boundaries), then :class:`Finished`, then :class:`Progress` (which may run a round), so a

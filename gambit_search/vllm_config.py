@@ -104,11 +104,13 @@ class VLLMEngineConfig:
     """With ``scorer``: also ship the boundary states (``BoundaryEvent.hidden``), e.g. to
     check the worker's scores against the offline scorer. Without a scorer they always
     travel."""
-    catch_up: bool = True
+    catch_up: bool = False
     """Let each :meth:`~gambit_search.vllm_engine.VLLMEngine.step` also take every engine
     output already waiting. vLLM's engine core steps on in its own process while the driver
     scores and decides; taking what has piled up in one go bounds the driver's lag to one of
-    its own steps and shares its per-step cost among them. False: one engine step per call."""
+    its own steps and shares its per-step cost among them. Off by default until measured on
+    a GPU, and because the engine contract's lock-step tests (memory as of the last step, a
+    trace caught at its last token) assume one engine step per call."""
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
     """Passed to ``vllm.LLM`` as is (overrides the above)."""
 

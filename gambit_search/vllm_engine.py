@@ -155,6 +155,9 @@ class VLLMEngine(Engine):
     def _init_state(self) -> None:
         cfg = self.config
         self._stream_interval = cfg.stream_interval
+        self.catch_up = cfg.catch_up
+        """See :attr:`VLLMEngineConfig.catch_up`; settable (tests that need one engine step
+        per call turn it off)."""
         self._traces: TraceTable[VTrace] = TraceTable()
         self._by_req: dict[str, VTrace] = {}
         self._live: set[str] = set()  # request ids vLLM still runs
@@ -372,7 +375,7 @@ class VLLMEngine(Engine):
             for ro in ros:
                 self._on_output(ro, out)
             self._steps += 1
-            if self.config.catch_up:  # what the engine core made while we were away
+            if self.catch_up:  # what the engine core made while we were away
                 from gambit_search._vllm_internals import outputs_waiting
 
                 while self._live and outputs_waiting(self._rt.engine):

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from test_vllm_engine import TOY_POLICY, hf_states, rel_err, run, toy_prompts
+from test_worker_scoring import check_worker_scores
 
 from gambit_search.engine import EngineError, SamplingSpec, TraceStatus
 
@@ -41,7 +42,8 @@ def _config(dtype: str):
         block_size=32 if ON_CPU else 16, kv_cache_memory_bytes=512 << 20,
         enforce_eager=True,  # start-up in seconds; the capture call site is eager anyway
         gpu_memory_utilization=0.5,  # two engines (fp32, bf16) live at once
-        seed=0, sampled_logprobs=True)
+        seed=0, sampled_logprobs=True,
+        scorer=str(TOY_POLICY.parent / "toy-scorer-seq" / "ckpt.pt"), ship_hidden=True)
 
 
 @pytest.fixture(scope="module")
@@ -305,3 +307,10 @@ def test_mrv2_many_questions_at_once(eng):
     assert peak == 256 and n_events > 256 * 5
     # a GPU batch of another shape may flip a rare sampled token: most must agree
     assert same >= 0.9 * len(ids)
+
+
+def test_mrv2_worker_scores_equal_the_offline_scorer(eng):
+    """The SeqScorer in the worker, on the GPU on its own CUDA stream, against the offline
+    scorer on the states it shipped (forks, an evict/revive)."""
+    res = check_worker_scores(eng, eng.tokenizer, rtol=1e-3, atol=1e-4)
+    RESULTS["worker_scores"] = res

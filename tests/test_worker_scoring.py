@@ -113,6 +113,12 @@ def test_worker_scores_equal_the_offline_scorer_across_forks_and_revives(engine,
     """The session engine's worker scores with the SeqScorer; every event also carries its
     state, so the offline scorer can score each trace's whole history (a branch's: its
     parent's boundaries before its prompt ends, then its own) and must agree to fp32."""
+    check_worker_scores(engine, toy_tokenizer)
+
+
+def check_worker_scores(engine, toy_tokenizer, rtol: float = 1e-4, atol: float = 1e-5) -> dict:
+    """The comparison above on any engine that scores with the shipped SeqScorer and ships
+    the states (the GPU suite runs it on MRV2); returns the compared count and max error."""
     from gambit_core.prompts import build_prompt_ids
 
     assert engine.scores_boundaries
@@ -144,15 +150,17 @@ def test_worker_scores_equal_the_offline_scorer_across_forks_and_revives(engine,
         cut = len(engine.trace_info(t).prompt_ids)
         return [b for b in history(parent[t]) if b.position < cut] + events.get(t, [])
 
-    compared = 0
+    compared, worst = 0, 0.0
     for t, own in events.items():
         h = history(t)
-        off = _offline(sc, [b.hidden for b in h])[len(h) - len(own):]
+        off = _offline(sc, [np.asarray(b.hidden, dtype=np.float32) for b in h])[len(h) - len(own):]
         got = np.array([b.score for b in own])
         assert not np.isnan(got).any()
-        np.testing.assert_allclose(got, off, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got, off, rtol=rtol, atol=atol)
         compared += len(own)
+        worst = max(worst, float(np.abs(got - off).max()))
     assert compared > 50 and any(t in events for t in parent)
     assert engine.trace_info(ts[3]).incarnation == 1
     stats = engine.capture_stats()
     assert stats["rows_scored"] >= compared
+    return {"n": compared, "max_abs": worst}
