@@ -33,6 +33,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--kv-cache", type=float, default=1.0, help="KV cache of both engines, GiB")
     p.add_argument("--json", default=None, help="also write the result here (vLLM logs to stdout)")
+    p.add_argument("--profile", default=None,
+                   help="after the timed repetitions, one more harvest under cProfile: its top "
+                        "functions (own and cumulative time) go to this text file")
     a = p.parse_args()
 
     from transformers import AutoTokenizer
@@ -69,7 +72,7 @@ def main() -> None:
 
         gc.collect()
 
-    def run_harvest() -> None:
+    def run_harvest(record: bool = True) -> None:
         out = tempfile.mkdtemp(prefix="gambit-bench-")
         try:
             t0 = time.time()
@@ -77,14 +80,29 @@ def main() -> None:
                                       questions_per_shard=16, kv_cache=a.kv_cache))
             toks = s["tokens_per_trace"] * s["traces"]
             dt = s["sampling_seconds"]  # after engine start-up, like the plain timing
-            results["harvest"].append({"tokens": toks, "seconds": dt, "tokens_per_s": toks / dt,
-                                       "seconds_incl_startup": time.time() - t0})
+            if record:
+                results["harvest"].append({"tokens": toks, "seconds": dt, "tokens_per_s": toks / dt,
+                                           "seconds_incl_startup": time.time() - t0})
         finally:
             shutil.rmtree(out, ignore_errors=True)
 
     for r in range(a.repeats):
         for fn in (run_plain, run_harvest) if r % 2 == 0 else (run_harvest, run_plain):
             fn()
+    if a.profile:  # not timed: cProfile slows the driver's thread
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        run_harvest(record=False)
+        prof.disable()
+        buf = io.StringIO()
+        for key in ("tottime", "cumulative"):
+            pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(30)
+        with open(a.profile, "w") as f:
+            f.write(buf.getvalue())
     import statistics
 
     plain = statistics.median(r["tokens_per_s"] for r in results["plain"])

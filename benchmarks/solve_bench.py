@@ -58,7 +58,27 @@ def _row(s: dict, label: str, repeat: int) -> dict:
                                                    "floor", "branch_point", "child_temperature",
                                                    "ghosts", "parents", "drain")},
         "tree_means": _tree_means(s.get("results") or []),
+        **_occupancy(s.get("memory_log") or []),
     }
+
+
+def _occupancy(log: list) -> dict:
+    """Mean running and waiting requests and KV use over the run's memory reads ((t,
+    running, waiting, kv) per read: every step for Gambit, every 16th for SC), weighted by
+    the time to the next read; and the mean running while anything waited or the run was
+    not yet in its tail (the first 90 % of the wall), i.e. while the budget was open."""
+    if len(log) < 2:
+        return {}
+    dts = [b[0] - a[0] for a, b in zip(log, log[1:], strict=False)]
+    tot = sum(dts) or 1e-9
+    head = [(dt, r) for (t, r, _w, _k), dt in zip(log, dts, strict=False) if t <= 0.9 * log[-1][0]]
+
+    def wmean(i: int) -> float:
+        return round(sum(dt * row[i] for row, dt in zip(log, dts, strict=False)) / tot, 2)
+
+    return {"mean_running": wmean(1), "mean_waiting": wmean(2), "mean_kv": wmean(3),
+            "mean_running_first_90pct": round(sum(dt * r for dt, r in head)
+                                              / max(1e-9, sum(dt for dt, _ in head)), 2)}
 
 
 def _tree_means(rows: list[dict]) -> dict:
@@ -126,7 +146,7 @@ def main() -> None:
                       f"p {r['accuracy_plain']:.3f} t1 {r['accuracy_top1']:.3f}) "
                       f"{r['unique_tokens'] / max(1, r['questions']):.0f} tok/q "
                       f"{r['tokens_per_s']:.0f} tok/s overhead {r['search_overhead_pct']:.1f}% "
-                      f"wall {r['wall_s']:.1f}s", flush=True)
+                      f"wall {r['wall_s']:.1f}s running {r.get('mean_running')}", flush=True)
                 out.write_text(json.dumps({"args": vars(a), "runs": rows}, indent=1))
     finally:
         engine.close()

@@ -37,7 +37,6 @@ from gambit_core.runio import (
     claim_dir,
     fingerprint,
     replace_fsynced,
-    trace_seed,
     versions,
 )
 from gambit_core.sampling import SamplingConfig
@@ -120,97 +119,126 @@ def _thought_confidence(logprobs, boundary_offsets: list[int]) -> tuple[list[flo
     return means, mins
 
 
-class _Run:
-    """Streams traces of many questions through one engine, a chunk at a time."""
+class _Recorder:
+    """The harvest's :class:`~gambit_search.jobs.Recorder`: the driver runs SC over every
+    question and hands this each boundary state and each trace's end; the per-trace work
+    (grading, confidences, stacking the states) and the shard writes run on a thread of
+    their own, off the engine loop. ``question_done`` marks a question whose traces have
+    all ended (its result came out of the driver); a chunk whose questions are all done is
+    written as one shard."""
 
-    def __init__(self, cfg: HarvestConfig, engine, tok, out: Path):
-        self.cfg, self.eng, self.tok, self.out = cfg, engine, tok, out
+    def __init__(self, cfg: HarvestConfig, engine, decode, work: list[tuple[int, list]],
+                 on_chunk_done) -> None:
+        import queue
+        import threading
+
+        self.cfg, self.eng, self.decode = cfg, engine, decode
         self.hidden_size = engine.hidden_size
-        self._prompt_ids = None
+        self.on_chunk_done = on_chunk_done
+        self.chunk_of = {str(q.id): c for c, qs in work for q in qs}
+        self.question = {str(q.id): q for _, qs in work for q in qs}
+        self.left = {c: len(qs) for c, qs in work}  # questions not yet done, per chunk
+        self.rows: dict[int, list[dict]] = {c: [] for c, _ in work}
+        self.states: dict[tuple[str, int], dict[int, object]] = {}
+        self.error: BaseException | None = None
+        self._q: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="gambit-harvest-rows", daemon=True)
+        self._thread.start()
 
-    def _prompt(self, question: str) -> list[int]:
-        if self._prompt_ids is None:
-            from gambit_search.engines import get_engine_kind
+    # -- the driver's thread: cheap hand-offs only
+    def on_boundary(self, qid: str, node: int, event) -> None:
+        self.states.setdefault((qid, node), {})[event.output_index] = event.hidden
 
-            self._prompt_ids = get_engine_kind(self.cfg.engine).prompt_ids(self.tok)
-        return self._prompt_ids(question)
+    def on_trace_end(self, qid: str, node: int, trace: int, finish_reason: str,
+                     error: str | None, text: str | None) -> None:
+        ids = list(self.eng.trace_info(trace).output_ids)
+        lps = self.eng.sampled_logprobs(trace)
+        self._q.put(("trace", qid, node, ids, text, self.states.pop((qid, node), {}), lps,
+                     finish_reason, error))
 
-    def _text(self, t: dict) -> str:
-        """The trace's text: the engine's deltas, or one decode of its ids where the engine
-        does not detokenize (the harvest's own vLLM engine: cheaper than vLLM's per-token
-        detokenization)."""
-        if getattr(getattr(self.eng, "config", None), "detokenize", True) or self.tok is None:
-            return "".join(t["text"])
-        return self.tok.decode(t["ids"], skip_special_tokens=True)
+    def question_done(self, qid: str) -> None:
+        self._check()
+        for key in [k for k in self.states if k[0] == qid]:  # aborted traces' states
+            del self.states[key]
+        self._q.put(("question", qid))
 
-    def run(self, work: list[tuple[int, list]], progress, on_chunk_done) -> None:
-        """Sample every (chunk, questions) in ``work``; call ``on_chunk_done(chunk, rows)`` as each
-        chunk completes. Traces of the next chunks start while a chunk's last traces finish,
-        so the engine stays full."""
-        from collections import deque
+    def close(self) -> None:
+        """Wait for the thread to write what it has; re-raise its error."""
+        self._q.put(None)
+        self._thread.join()
+        self._check()
 
+    def _check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    # -- the writer thread
+    def _work(self) -> None:
+        while (item := self._q.get()) is not None:
+            if self.error is not None:
+                continue  # drain: the driver's thread re-raises
+            try:
+                self._trace(*item[1:]) if item[0] == "trace" else self._question(item[1])
+            except BaseException as e:  # noqa: BLE001 - handed to the driver's thread
+                self.error = e
+
+    def _trace(self, qid, node, ids, text, states, lps, finish, error) -> None:
         import numpy as np
 
         from gambit_core.grading import grade
-        from gambit_search.engine import SamplingSpec
 
-        cfg = self.cfg
-        # log-probs come from the engine's sampled_logprobs (read in the capture hook), not
-        # from vLLM's per-request logprob path: that one cost 10-35 % of the throughput
-        spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                            max_tokens=cfg.max_tokens)
-        todo = deque((c, q, i) for c, qs in work for q in qs for i in range(cfg.n))
-        left = {c: len(qs) * cfg.n for c, qs in work}
-        rows: dict[int, list[dict]] = {c: [] for c, _ in work}
-        prompts: dict[str, list[int]] = {}
-        live: dict[int, dict] = {}
-        while todo or live:
-            while todo and len(live) < cfg.max_live:
-                c, q, i = todo.popleft()
-                if q.id not in prompts:
-                    prompts[q.id] = self._prompt(q.question)
-                tid = self.eng.add_trace(prompts[q.id], spec, seed=trace_seed(cfg.seed, q.id, i))
-                live[tid] = {"c": c, "q": q, "i": i, "ids": [], "text": [], "states": {}, "finish": None,
-                             "error": None}
-            out = self.eng.step()
-            for b in out.boundaries:
-                if b.trace in live:
-                    live[b.trace]["states"][b.output_index] = b.hidden
-            finished = []
-            for d in out.deltas:
-                t = live.get(d.trace)
-                if t is None:
-                    continue
-                t["ids"].extend(d.token_ids)
-                t["text"].append(d.text)
-                if d.finish_reason is not None:
-                    t["finish"], t["error"] = d.finish_reason, d.error
-                    finished.append(d.trace)
-            # Engine contract: a trace's boundary states arrive no later than the step output
-            # carrying its finishing delta, or never (a boundary right before the stop).
-            for tid in finished:
-                t = live.pop(tid)
-                offs = sorted(t["states"])
-                states = np.stack([t["states"][o] for o in offs]) if offs else np.zeros((0, self.hidden_size), np.float32)
-                text = self._text(t)
-                answer, correct = grade(t["q"].answer, text) if t["finish"] != "error" else (None, False)
-                cm, cn = _thought_confidence(self.eng.sampled_logprobs(tid), offs)
-                self.eng.release(tid)  # the engine keeps no record of done traces
-                c = t["c"]
-                rows[c].append({
-                    "question_id": t["q"].id, "question": t["q"].question, "gold": t["q"].answer,
-                    "trace_index": t["i"], "token_ids": t["ids"], "text": text, "answer": answer,
-                    "correct": bool(correct), "boundary_positions": offs, "hidden_states": states,
-                    "conf_mean": cm, "conf_min": cn, "n_tokens": len(t["ids"]),
-                    "_error": t["error"] if t["finish"] == "error" else None,
-                })
-                progress(t)
-                left[c] -= 1
-                if left[c] == 0:
-                    done = sorted(rows.pop(c), key=lambda r: (r["question_id"], r["trace_index"]))
-                    for q in {r["question_id"] for r in done}:
-                        prompts.pop(q, None)
-                    on_chunk_done(c, done)
+        q = self.question[qid]
+        offs = sorted(states)
+        hidden = (np.stack([states[o] for o in offs]) if offs
+                  else np.zeros((0, self.hidden_size), np.float32))
+        if text is None:  # an error: what it had written
+            text = self.decode(ids)
+        answer, correct = grade(q.answer, text) if finish != "error" else (None, False)
+        cm, cn = _thought_confidence(lps, offs)
+        self.rows[self.chunk_of[qid]].append({
+            "question_id": q.id, "question": q.question, "gold": q.answer,
+            "trace_index": node, "token_ids": ids, "text": text, "answer": answer,
+            "correct": bool(correct), "boundary_positions": offs, "hidden_states": hidden,
+            "conf_mean": cm, "conf_min": cn, "n_tokens": len(ids),
+            "_error": error if finish == "error" else None,
+        })
+
+    def _question(self, qid: str) -> None:
+        c = self.chunk_of[qid]
+        self.left[c] -= 1
+        if self.left[c] == 0:
+            done = sorted(self.rows.pop(c), key=lambda r: (r["question_id"], r["trace_index"]))
+            self.on_chunk_done(c, done)
+
+
+def _sample(cfg: HarvestConfig, engine, work: list[tuple[int, list]], chunk_done, bar) -> None:
+    """Every question of ``work`` through the driver as SC with the harvest's recorder: the
+    one engine loop gambit-solve runs. Questions are admitted on the engine's live traces
+    (``admit_on_live``) with one question's traces waiting in vLLM's queue beyond
+    ``--max-live``, so a question's last traces never leave the engine short of work."""
+    from gambit_search.driver import Driver, DriverConfig
+    from gambit_search.engine import SamplingSpec
+    from gambit_search.engines import get_engine_kind
+    from gambit_search.methods import get_method
+
+    kind = get_engine_kind(cfg.engine)
+    prompt = kind.prompt_ids(getattr(engine, "tokenizer", None))
+    decode = kind.decoder(engine)
+    # log-probs come from the engine's sampled_logprobs (read in the capture hook), not
+    # from vLLM's per-request logprob path: that one cost 10-35 % of the throughput
+    spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                        max_tokens=cfg.max_tokens)
+    rec = _Recorder(cfg, engine, decode, work, chunk_done)
+    drv = Driver(engine, get_method("sc").bind(n=cfg.n), prompt_ids=lambda q: prompt(q.question),
+                 decode=decode, spec=spec, recorder=rec,
+                 config=DriverConfig(max_live=cfg.max_live + cfg.n, admit_on_live=True,
+                                     seed=cfg.seed, log_memory=False))
+    try:
+        for r in drv.run([q for _, qs in work for q in qs]):
+            rec.question_done(r["id"])
+            bar.update(cfg.n)
+    finally:
+        rec.close()
 
 
 def _write_shard(out: Path, chunk: int, rows: list[dict]) -> None:
@@ -323,25 +351,22 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
             engine, boundary_ids = _make_engine(cfg)
         else:
             boundary_ids = sorted(getattr(engine, "boundary_ids", [])) or [4]
-        tok = getattr(engine, "tokenizer", None)
-        run = _Run(cfg, engine, tok, out)
         stats = Counter()
         t0 = time.time()
-        bar = tqdm(total=sum(len(chunks[c]) for c in mine) * cfg.n, unit="trace", desc="harvest", dynamic_ncols=True)
+        bar = tqdm(total=sum(len(chunks[c]) for c in mine) * cfg.n, unit="trace", desc="harvest",
+                   dynamic_ncols=True)
 
-        def progress(_trace) -> None:
-            bar.update(1)
-
-        def chunk_done(c: int, rows: list[dict]) -> None:
+        def chunk_done(c: int, rows: list[dict]) -> None:  # on the recorder's thread
             _write_shard(out, c, rows)
             stats["right"] += sum(r["correct"] for r in rows)
             stats["done"] += len(rows)
             stats["shards"] += 1
             bar.set_postfix(acc=f"{stats['right'] / max(1, stats['done']):.3f}",
-                            traces_per_s=f"{stats['done'] / (time.time() - t0):.1f}", shards=f"{stats['shards']}/{len(mine)}")
+                            traces_per_s=f"{stats['done'] / (time.time() - t0):.1f}",
+                            shards=f"{stats['shards']}/{len(mine)}")
 
         try:
-            run.run([(c, chunks[c]) for c in mine], progress, chunk_done)
+            _sample(cfg, engine, [(c, chunks[c]) for c in mine], chunk_done, bar)
         finally:
             bar.close()
         sampling_seconds = time.time() - t0

@@ -43,12 +43,17 @@ after every step and acts before vLLM has to preempt:
   free KV holds (``policy.start(limit)``), and a second question is admitted only while
   the free KV holds at least half its slots.
 
+Recorder (optional, off by default): ``Driver(..., recorder=r)`` hands ``r`` each boundary
+and each trace's end, on the driver's thread (gambit-harvest writes its shards this way, as
+SC with a recorder; see :class:`~gambit_search.jobs.Recorder`). Without one nothing changes.
+
 Trace sizes in blocks are estimated from the prompt and the mean length of the traces
 completed so far in the run (``max_tokens / 2`` before the first).
 
 Its inputs (questions, :class:`~gambit_search.jobs.Job`, the serving
 :class:`~gambit_search.jobs.Intake`) are in
-:mod:`gambit_search.jobs`, its memory handling in :mod:`gambit_search.driver_memory`. What is
+:mod:`gambit_search.jobs`, its settings in :mod:`gambit_search.driver_config`, its memory
+handling in :mod:`gambit_search.driver_memory`. What is
 left (~500 lines) is one class, the step loop, whose parts (admission, events, actions,
 results) share the loop's per-step state.
 """
@@ -65,12 +70,14 @@ from typing import Any
 
 from gambit_core.grading import extract_boxed, is_equivalent
 from gambit_core.runio import trace_seed
+from gambit_search.driver_config import DriverConfig
 from gambit_search.driver_memory import MemoryMixin
 from gambit_search.engine import Engine, EngineError, SamplingSpec, TraceStatus
 from gambit_search.jobs import (  # noqa: F401 - re-exported: the driver's inputs
     Intake,
     Job,
     QuestionLike,
+    Recorder,
     bound_of,
     question_of,
 )
@@ -90,44 +97,7 @@ from gambit_search.policy import (
 )
 from gambit_search.voting import vote, vote_table
 
-__all__ = ["Driver", "DriverConfig", "Intake", "Job", "QuestionLike", "trace_seed"]
-
-
-@dataclass(frozen=True)
-class DriverConfig:
-    """How the driver schedules questions on the engine."""
-
-    max_live: int = 256
-    """Global limit of live traces: questions are admitted while their slots fit (one question
-    is always admitted, even when it alone exceeds the limit)."""
-    seed: int = 0
-    """Base seed of every trace (see :func:`trace_seed`)."""
-    evict_above: float = 0.97
-    """KV usage at which a memory-using method is asked to evict a trace to a ghost."""
-    revive_below: float = 0.75
-    """KV usage under which (with nothing waiting) a ghost may be revived."""
-    score_every: int = 1
-    """Score waiting boundaries in one forward every N steps (also at once in any step where
-    a trace finishes or memory is read). N > 1 means fewer, larger forwards (on 2 CPU cores a
-    forward of 100 boundaries cost 1.7x one of 25, not 4x); a round may then rank on scores
-    up to N - 1 steps old, and a branch at current tokens may miss the last unscored steps."""
-    memory_every: int = 1
-    """Read the engine's memory every N steps for a method that acts on it (each step: what
-    vLLM would preempt next step is evicted this one; preemptions are counted cumulatively,
-    so none is missed at N > 1)."""
-    log_memory: bool = True
-    """Record KV use and running/waiting requests (``Driver.trace_log``) for every method,
-    also those that do not act on memory (the benchmark plots read it)."""
-    log_every: int = 16
-    """Memory reads of a method that only logs them: every N steps (reads cost SC ~3% of
-    its wall at every 4th step on 2 CPU cores)."""
-    release: bool = True
-    """Forget engine traces as they end (False keeps them readable: tests recount tokens)."""
-    vote_rule: str | None = None
-    """Vote rule of the reported answer; None: the method's own."""
-    keep_texts: bool = False
-    """Return every completed trace's text in the result (``texts``: {node: text}); a
-    server answers with the best voter's."""
+__all__ = ["Driver", "DriverConfig", "Intake", "Job", "QuestionLike", "Recorder", "trace_seed"]
 
 
 @dataclass
@@ -156,8 +126,11 @@ class Driver(MemoryMixin):
     def __init__(self, engine: Engine, bound: BoundMethod, *,
                  prompt_ids: Callable[[Any], list[int]], decode: Callable[[Sequence[int]], str],
                  spec: SamplingSpec, scorer: Any = None, config: DriverConfig | None = None,
-                 answer_of: Callable[[str], str | None] = extract_boxed) -> None:
+                 answer_of: Callable[[str], str | None] = extract_boxed,
+                 recorder: Recorder | None = None) -> None:
         method = bound.method
+        self.recorder = recorder
+        """A :class:`Recorder`, or None (the default: nothing recorded)."""
         self.engine, self.bound, self.method = engine, bound, method
         self.prompt_ids, self.decode, self.spec = prompt_ids, decode, spec
         self.scorer = scorer
@@ -239,7 +212,7 @@ class Driver(MemoryMixin):
                     break
                 continue
             t0 = time.perf_counter()
-            while pending and (not active or self._live_slots + bound_of(pending[0], self.bound).slots
+            while pending and (not active or self._in_use() + bound_of(pending[0], self.bound).slots
                                <= self.cfg.max_live) and (not active or self._kv_admits(pending[0])):
                 q = pending.popleft()
                 st = self._admit(q)
@@ -284,6 +257,10 @@ class Driver(MemoryMixin):
         self.timing["wall_s"] += time.perf_counter() - t_start
 
     # -- admission -------------------------------------------------------------------------------
+    def _in_use(self) -> int:
+        """What admission counts against ``max_live``: the live traces or the slots."""
+        return len(self._owner) if self.cfg.admit_on_live else self._live_slots
+
     def _admit(self, item: Any) -> _Q | None:
         q = question_of(item)
         if not str(q.question).strip():
@@ -324,6 +301,12 @@ class Driver(MemoryMixin):
     # -- one step --------------------------------------------------------------------------------
     def _on_step(self, out: Any, active: dict[str, _Q]) -> None:
         per_q: dict[str, list] = {}
+        rec = self.recorder
+        if rec is not None:
+            for b in out.boundaries:
+                own = self._owner.get(b.trace)
+                if own is not None:
+                    rec.on_boundary(str(own[0].q.id), own[1], b)
         # 1. boundaries -> one batched scorer forward -> Scored events, every `score_every`
         #    steps, and at once in a step where a trace finishes or memory is read (so votes
         #    and evictions see every score)
@@ -398,8 +381,11 @@ class Driver(MemoryMixin):
         self.timing["scoring_s"] += time.perf_counter() - t0
 
     def _finished_event(self, st: _Q, node: int, d: Any) -> Finished:
+        rec = self.recorder
         if d.finish_reason == "error":
             st.errors.append(d.error or "error")
+            if rec is not None:
+                rec.on_trace_end(str(st.q.id), node, d.trace, "error", d.error, None)
             return Finished(node, "error", error=d.error)
         info = self.engine.trace_info(d.trace)
         lineage = list(info.prompt_ids[len(st.prompt):]) + list(info.output_ids)
@@ -408,6 +394,8 @@ class Driver(MemoryMixin):
         text = self.decode(lineage)
         if st.texts is not None:
             st.texts[node] = text
+        if rec is not None:
+            rec.on_trace_end(str(st.q.id), node, d.trace, d.finish_reason, None, text)
         return Finished(node, d.finish_reason, answer=self.answer_of(text))
 
     # -- actions ---------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""What the driver is fed: plain questions or :class:`Job` s (a question with its own method
-and sampling), and an :class:`Intake` of questions arriving while it runs (gambit-serve).
+"""What the driver is fed and what it reports to: plain questions or :class:`Job` s (a
+question with its own method and sampling), an :class:`Intake` of questions arriving while it
+runs (gambit-serve), and the :class:`Recorder` protocol (gambit-harvest's shards).
 
     from gambit_search.jobs import Intake, Job
     intake = Intake()
@@ -16,7 +17,7 @@ from typing import Any
 from gambit_search.engine import SamplingSpec
 from gambit_search.methods import BoundMethod
 
-__all__ = ["Intake", "Job", "QuestionLike", "bound_of", "question_of"]
+__all__ = ["Intake", "Job", "QuestionLike", "Recorder", "bound_of", "question_of"]
 
 
 class QuestionLike:
@@ -25,6 +26,32 @@ class QuestionLike:
     id: str
     question: str
     answer: str
+
+
+class Recorder:
+    """What a driver's ``recorder`` is called with (duck-typed: any object with these two
+    methods). Both calls are on the driver's thread, inside one engine step, for traces the
+    driver owns (``qid``: ``str(question.id)``; ``node``: the policy's node id; for SC node
+    ``i`` is the question's i-th spawned trace, seeded ``trace_seed(seed, qid, i)``). They
+    are on the hot path: take what is needed and hand the work to another thread.
+
+    - :meth:`on_boundary` for each of the step's boundary events (hidden state included
+      when the engine ships it), before the policies see the step;
+    - :meth:`on_trace_end` for each trace that ends by itself (finish reason "stop",
+      "length" or "error"), with the driver's decoded text (None for an error). The engine
+      trace is still readable then (``trace_info``, ``sampled_logprobs``): it is released
+      only after the policy has seen the step.
+
+    Engine contract: a trace's boundary states arrive no later than the step carrying its
+    finishing delta, or never (a boundary right before the stop). A trace the driver aborts
+    (prune, stop, cancel) gets no :meth:`on_trace_end`."""
+
+    def on_boundary(self, qid: str, node: int, event: Any) -> None:
+        """One boundary event of trace ``node`` of question ``qid``."""
+
+    def on_trace_end(self, qid: str, node: int, trace: int, finish_reason: str,
+                     error: str | None, text: str | None) -> None:
+        """Trace ``node`` of ``qid`` (engine id ``trace``) ended by itself."""
 
 
 @dataclass(frozen=True)

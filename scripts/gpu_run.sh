@@ -16,6 +16,7 @@
 #   bash scripts/gpu_run.sh bench-engine      # adapter vs plain LLM.generate
 #   bash scripts/gpu_run.sh bench-harvest     # harvest vs plain generate
 #   bash scripts/gpu_run.sh bench-solve       # gambit-solve's loop vs SC
+#   bash scripts/gpu_run.sh bench-solve-smol  # the same on SmolLM2 (bundle smol), 256 live traces
 #   bash scripts/gpu_run.sh bench-serve 2     # gambit-serve under load (after `serve-wheels`
 #                                             # here and `unpack-serve` there)
 #   bash scripts/gpu_run.sh bench-tables 540 toy=benchmarks/toy_table.yaml:0.04 ...
@@ -122,7 +123,8 @@ EOF
   bench-harvest)
     gpu_env
     $PY benchmarks/harvest_throughput.py --questions 64 --n 16 --repeats "${2:-2}" \
-      --json "$OUT/harvest_throughput.json" > "$OUT/harvest_throughput.log" 2>&1
+      --json "$OUT/harvest_throughput.json" --profile "$OUT/harvest_profile.txt" \
+      > "$OUT/harvest_throughput.log" 2>&1
     tail -30 "$OUT/harvest_throughput.json" ;;
   bench-harvest-smol)
     gpu_env
@@ -142,6 +144,13 @@ EOF
     $PY benchmarks/engine_overhead.py --model /tmp/smol --concurrency 64 256 --reps 5 \
       --kv-cache 4 --forks 64 --json "$OUT/engine_overhead_smol.json" 2>&1 |
       tee "$OUT/engine_overhead_smol.txt" | grep -v "INFO\|WARNING" | tail -12 ;;
+  bench-solve-smol)  # the search's own cost on SmolLM2 at 256 live traces (an untrained
+    gpu_env          # scorer of the shipped one's shape: speed and overhead, not accuracy)
+    smol_model
+    [ -f /tmp/smol-scorer.pt ] || $PY benchmarks/untrained_scorer.py --model /tmp/smol --out /tmp/smol-scorer.pt
+    $PY benchmarks/solve_bench.py --dataset $VC/smol/aime_2025.jsonl --n 64 --repeats "${2:-1}" \
+      --kv-cache 8 --set model=/tmp/smol scorer=/tmp/smol-scorer.pt max_questions=8 max_tokens=1024 "${@:3}" \
+      --out "$OUT/solve_bench_smol.json" 2>&1 | tee "$OUT/solve_bench_smol.txt" | grep -v "INFO\|WARNING" | tail -30 ;;
   bench-solve)
     gpu_env
     $PY benchmarks/solve_bench.py --dataset toy:val:64 --n 32 --repeats "${2:-2}" "${@:3}" \

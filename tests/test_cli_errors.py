@@ -93,19 +93,6 @@ def test_harvest_out_is_a_file(tmp_path):
     _assert_one_line_error(p, "gambit-harvest", str(f), "not a directory")
 
 
-# ---------------------------------------------------------------- gambit-demo
-
-
-def test_demo_missing_model_path(tmp_path):
-    p = _run("data_pipelines.demo", "--model", "./no/such/model", cwd=tmp_path)
-    _assert_one_line_error(p, "gambit-demo", "model path ./no/such/model does not exist")
-
-
-def test_demo_missing_dataset(tmp_path):
-    p = _run("data_pipelines.demo", "--dataset", "missing.jsonl", cwd=tmp_path)  # the shipped model
-    _assert_one_line_error(p, "gambit-demo", "cannot read dataset", "missing.jsonl")
-
-
 # ---------------------------------------------------------------- gambit-train (Hydra)
 
 

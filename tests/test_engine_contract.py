@@ -303,14 +303,20 @@ def toy_prompts(tokenizer, n: int = 16) -> list[list[int]]:
     return [build_prompt_ids(q.text, tokenizer) for q in draw_questions("test", n)]
 
 
-@pytest.fixture(params=["fake", pytest.param("vllm", marks=pytest.mark.slow)])
+@pytest.fixture(params=["fake", pytest.param("vllm", marks=pytest.mark.slow),
+                        pytest.param("vllm-catch-up", marks=pytest.mark.slow)])
 def case(request) -> Case:
+    """The fake engine; the session's vLLM engine as gambit-solve runs it; and the same with
+    ``catch_up`` on (each ``step`` also takes every engine-core output already waiting: the
+    pipelined driver's engine)."""
     if request.param == "fake":
         eng = FakeEngine(FakeEngineConfig(block_size=8, num_blocks=2048, max_model_len=512,
                                           seed=1))
         return Case("fake", eng, fake_prompts())
     eng = request.getfixturevalue("engine")
     mp = request.getfixturevalue("monkeypatch")
+    if request.param == "vllm-catch-up":
+        mp.setattr(eng, "catch_up", True)
 
     @contextlib.contextmanager
     def late() -> Iterator[None]:
