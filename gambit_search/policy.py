@@ -12,6 +12,12 @@ maps them to engine traces. Output indices in events are in the node's *own* coo
 :class:`NodeBook` is the bookkeeping every policy shares: the tree (parent, depth, state,
 inherited prefix, own tokens, score history, answer), unique-token accounting, votes and
 the tree export. ``gambit_search.methods.sc`` is the smallest policy built on it.
+
+Bookkeeping that scales: the book keeps an index of its nodes by state, updated on every
+state change (:meth:`NodeBook._set_state`, the one way to change a node's state; ``state``
+is read-only), so the counts (:attr:`NodeBook.num_active` ...) cost O(1) and a list of one
+state's nodes (:meth:`NodeBook.running` ...) costs its length, never the whole tree. Lists
+come in node-id order, as a scan of the tree would give them.
 """
 
 from __future__ import annotations
@@ -166,7 +172,8 @@ class Node:
     inherited: int
     """Output tokens taken over from the parent's lineage (0 for a root)."""
     created_at: int
-    state: NodeState = NodeState.RUNNING
+    _state: NodeState = NodeState.RUNNING
+    """Read through ``state``; changed only by the book (:meth:`NodeBook._set_state`)."""
     generated: int = 0
     """Tokens generated since its own creation (the unique-token unit)."""
     scores: list[tuple[int, float]] = field(default_factory=list)
@@ -178,6 +185,12 @@ class Node:
     finish_reason: str | None = None
     error: str | None = None
     evictions: int = 0
+
+    @property
+    def state(self) -> NodeState:
+        """Where the node is. Read-only: its book changes it (:meth:`NodeBook._set_state`),
+        keeping the book's index by state."""
+        return self._state
 
     @property
     def score(self) -> float | None:
@@ -208,6 +221,12 @@ class NodeBook:
 
     def __init__(self) -> None:
         self.nodes: dict[int, Node] = {}
+        self._by_state: dict[NodeState, dict[int, Node]] = {s: {} for s in NodeState}
+        """The index: state -> {id: node} of the nodes in it, in id order unless the state
+        is in ``_unsorted``."""
+        self._top_id: dict[NodeState, int] = dict.fromkeys(NodeState, -1)
+        """Largest id ever put in each state (an id below it arrives out of order)."""
+        self._unsorted: set[NodeState] = set()
         self.unique_tokens = 0
         self.steps = 0
         """Decode steps of the question so far."""
@@ -216,9 +235,30 @@ class NodeBook:
                        "completions": 0, "failures": 0, "stopped": 0}
 
     # -- tree changes --------------------------------------------------------------------------
+    def _add(self, n: Node) -> None:
+        self.nodes[n.id] = n
+        self._file(n, n.state)
+
+    def _file(self, n: Node, state: NodeState) -> None:
+        """Put ``n`` in ``state``'s index (its id order broken when a larger id is there)."""
+        if n.id < self._top_id[state]:
+            self._unsorted.add(state)
+        else:
+            self._top_id[state] = n.id
+        self._by_state[state][n.id] = n
+
+    def _set_state(self, n: Node, state: NodeState) -> None:
+        """Move ``n`` to ``state``, index included (O(1))."""
+        old = n.state
+        if old is state:
+            return
+        del self._by_state[old][n.id]
+        self._file(n, state)
+        n._state = state
+
     def _new_root(self) -> Node:
         n = Node(len(self.nodes), None, 0, 0, self.unique_tokens)
-        self.nodes[n.id] = n
+        self._add(n)
         self.counts["spawns"] += 1
         return n
 
@@ -228,12 +268,12 @@ class NodeBook:
         n = Node(len(self.nodes), parent.id, parent.depth + 1, cut, self.unique_tokens)
         n.scores = [(i, s) for i, s in parent.scores if i < cut]
         n.n_inherited_scores = len(n.scores)
-        self.nodes[n.id] = n
+        self._add(n)
         self.counts["branches"] += 1
         return n
 
     def _end(self, n: Node, state: NodeState) -> None:
-        n.state = state
+        self._set_state(n, state)
         n.ended_at = self.unique_tokens
 
     # -- shared event handling -----------------------------------------------------------------
@@ -276,24 +316,58 @@ class NodeBook:
     def stop(self) -> list[Action]:
         """End the question: active nodes are stopped and do not vote."""
         self.done = True
-        left = tuple(n.id for n in self.nodes.values() if n.state in ACTIVE)
+        left = tuple(n.id for n in self.active())
         for i in left:
             self._end(self.nodes[i], NodeState.STOPPED)
         self.counts["stopped"] += len(left)
         return [Stop(left)] if left else []
 
     # -- reading -------------------------------------------------------------------------------
+    def in_state(self, state: NodeState) -> list[Node]:
+        """The nodes in ``state``, in id order (O(their number))."""
+        d = self._by_state[state]
+        if state in self._unsorted:
+            d = self._by_state[state] = dict(sorted(d.items()))
+            self._unsorted.discard(state)
+            self._top_id[state] = next(reversed(d), -1)
+        return list(d.values())
+
+    def num_in(self, state: NodeState) -> int:
+        """How many nodes are in ``state`` (O(1))."""
+        return len(self._by_state[state])
+
     def active(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.state in ACTIVE]
+        """Running nodes and ghosts, in id order."""
+        run, ghosts = self.in_state(NodeState.RUNNING), self.in_state(NodeState.GHOST)
+        if not ghosts:
+            return run
+        return sorted(run + ghosts, key=lambda n: n.id) if run else ghosts
 
     def running(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.state is NodeState.RUNNING]
+        return self.in_state(NodeState.RUNNING)
 
     def ghosts(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.state is NodeState.GHOST]
+        return self.in_state(NodeState.GHOST)
 
     def completed(self) -> list[Node]:
-        return [n for n in self.nodes.values() if n.state is NodeState.COMPLETED]
+        return self.in_state(NodeState.COMPLETED)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._by_state[NodeState.RUNNING])
+
+    @property
+    def num_ghosts(self) -> int:
+        return len(self._by_state[NodeState.GHOST])
+
+    @property
+    def num_active(self) -> int:
+        """Running nodes + ghosts."""
+        return len(self._by_state[NodeState.RUNNING]) + len(self._by_state[NodeState.GHOST])
+
+    @property
+    def num_completed(self) -> int:
+        return len(self._by_state[NodeState.COMPLETED])
 
     def votes(self) -> list[tuple[int, str | None, float | None]]:
         """(node, answer, final trace score) of every completed node, once each."""

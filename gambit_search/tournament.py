@@ -59,6 +59,7 @@ Semantics (docs/SEARCH.md and docs/REFERENCE.md, "Gambit"); where ours differs i
 
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass
 
@@ -169,6 +170,9 @@ def _evict_key(n: Node) -> tuple[float, int]:
 class Tournament(NodeBook):
     """One question's search; see the module docstring."""
 
+    sweep_slack = 64
+    """Stale entries the eligible-parent heap may hold beyond 3x the running nodes."""
+
     def __init__(self, config: TournamentConfig) -> None:
         super().__init__()
         self.config = config
@@ -182,6 +186,10 @@ class Tournament(NodeBook):
         self.rounds = 0
         self.round_log: list[dict] = []
         """Per round: active count, parents used (for parent-diversity ablations)."""
+        self._cands: list[tuple[float, int, int]] = []
+        """Eligible parents as a lazy max-heap of (-score, -id, version): a refill takes its
+        best few in O(few log n) instead of sorting every running node (see :meth:`_offer`)."""
+        self._version: dict[int, int] = {}
 
     # -- life ----------------------------------------------------------------------------------
     def start(self, limit: int | None = None) -> list[Action]:
@@ -197,11 +205,11 @@ class Tournament(NodeBook):
         return self.config.drain and self._in_play() >= self.budget
 
     def _in_play(self) -> int:
-        return self.counts["completions"] + len(self.active())
+        return self.counts["completions"] + self.num_active
 
     def room(self) -> int:
         """Traces the pool may add now (capacity, KV share and, with ``drain``, budget)."""
-        room = self.limit - len(self.active())
+        room = self.limit - self.num_active
         if self.config.drain:
             room = min(room, self.budget - self._in_play())
         return max(0, room)
@@ -214,6 +222,7 @@ class Tournament(NodeBook):
             return []
         if isinstance(event, Scored):
             self._on_scored(event)
+            self._offer(self.nodes[event.node])
             return []
         if isinstance(event, Finished):
             self._on_finished(event)
@@ -224,6 +233,11 @@ class Tournament(NodeBook):
         if isinstance(event, Progress):
             if self._on_progress(event):
                 self._since_round += 1
+            w = self.config.warmup
+            for node, d in event.deltas.items():  # who just became old enough to branch
+                n = self.nodes[node]
+                if n.generated >= w > n.generated - len(d.token_ids):
+                    self._offer(n)
             if (self.config.max_unique_tokens is not None
                     and self.unique_tokens >= self.config.max_unique_tokens):
                 return self._stop("token_cap")
@@ -247,24 +261,59 @@ class Tournament(NodeBook):
             return self._stop("budget")
         if self.counts["failures"] >= self.budget:
             return self._stop("errors")
-        if not self.active() and not self.room():
+        if not self.num_active and not self.room():
             return self._stop("stopped")
         return []
 
     def _keep_one_running(self) -> list[Action]:
         """None of the question's traces runs but ghosts wait: the best one comes back."""
-        if self.done or self.running():
+        if self.done or self.num_running or not self.num_ghosts:
             return []
-        ghosts = self.ghosts()
-        if not ghosts:
-            return []
-        best = max(ghosts, key=lambda n: _rank_key(n, self.config.warmup))
+        best = max(self.ghosts(), key=lambda n: _rank_key(n, self.config.warmup))
         return [self._revive(best)]
 
     def _revive(self, n: Node) -> Revive:
-        n.state = NodeState.RUNNING
+        self._set_state(n, NodeState.RUNNING)
+        self._offer(n)
         self.counts["revivals"] += 1
         return Revive(n.id)
+
+    # -- eligible parents, indexed ---------------------------------------------------------------
+    def _eligible(self, n: Node) -> bool:
+        return (n.state is NodeState.RUNNING and n.score is not None
+                and n.generated >= self.config.warmup)
+
+    def _offer(self, n: Node) -> None:
+        """(Re)file ``n`` among the eligible parents after a change that may have made it
+        one or changed its score: a scored boundary, its ``warmup``-th token, a revival. Its
+        older entries go stale (their version); entries of nodes that stopped running are
+        dropped when met. Stale entries are swept when they outnumber the running nodes."""
+        if not self._eligible(n):
+            return
+        heapq.heappush(self._cands, self._entry(n))
+        if len(self._cands) > 4 * self.num_running + self.sweep_slack:
+            self._cands = [self._entry(m) for m in self.running() if self._eligible(m)]
+            heapq.heapify(self._cands)
+
+    def _entry(self, n: Node) -> tuple[float, int, int]:
+        """A heap entry for eligible ``n``, of a new version (its older entries go stale)."""
+        v = self._version[n.id] = self._version.get(n.id, 0) + 1
+        return (-n.score, -n.id, v)  # type: ignore[operator]
+
+    def _top_parents(self, k: int) -> list[Node]:
+        """The best ``k`` eligible parents, best first: ``self._parents(set())[:k]`` with
+        ``parents="top"``, without ranking every running node."""
+        out: list[Node] = []
+        keep: list[tuple[float, int, int]] = []
+        while self._cands and len(out) < k:
+            e = heapq.heappop(self._cands)
+            n = self.nodes[-e[1]]
+            if e[2] == self._version[n.id] and self._eligible(n) and n.score == -e[0]:
+                out.append(n)
+                keep.append(e)
+        for e in keep:
+            heapq.heappush(self._cands, e)
+        return out
 
     # -- a round -------------------------------------------------------------------------------
     def _parents(self, exclude: set[int]) -> list[Node]:
@@ -294,7 +343,13 @@ class Tournament(NodeBook):
         """Refill the pool on the event that opened room in it."""
         if self.done:
             return []
-        acts, _ = self._fill(self.room(), self._parents(set()))
+        room = self.room()
+        if room == 0:  # the common case: no parents to rank
+            return []
+        # _fill forks from parents[i % len(parents)], i < room: only the best `room` matter
+        parents = (self._top_parents(room) if self.config.parents == "top"
+                   else self._parents(set()))
+        acts, _ = self._fill(room, parents)
         return acts
 
     def round(self) -> list[Action]:
@@ -316,7 +371,8 @@ class Tournament(NodeBook):
         if self.room() == 0:  # a full pool: a zero-sum swap of k
             k = min(cfg.swap, len(rest) // 2)
             bottom = rest[:k]
-            k = min(k, len([p for p in parents if p not in bottom]))
+            bottom_ids = {n.id for n in bottom}
+            k = min(k, len([p for p in parents if p.id not in bottom_ids]))
             for v in bottom[:k]:
                 self._end(v, NodeState.PRUNED)
                 victims.append(v)
@@ -327,8 +383,8 @@ class Tournament(NodeBook):
             self.counts["prunes"] += 1
             acts.append(Prune(v.id))
         self.round_log.append({"round": self.rounds, "step": self.steps,
-                               "active": len(self.active()), "pruned": len(victims),
-                               "parents": used, "ghosts": len(self.ghosts())})
+                               "active": self.num_active, "pruned": len(victims),
+                               "parents": used, "ghosts": self.num_ghosts})
         return acts
 
     def stats(self) -> dict:
@@ -365,7 +421,7 @@ class Tournament(NodeBook):
             scored = [n for n in run if n.score is not None]
             pool = sorted(scored or run, key=_evict_key)
             for n in pool[: max(0, min(e.evict, len(run) - 1))]:
-                n.state = NodeState.GHOST
+                self._set_state(n, NodeState.GHOST)
                 n.evictions += 1
                 self.counts["ghosts"] += 1
                 acts.append(Evict(n.id))
@@ -388,8 +444,8 @@ class Tournament(NodeBook):
         if self.done:
             return 0
         cfg = self.config
-        g = len(self.ghosts()) if cfg.revive else 0
+        g = self.num_ghosts if cfg.revive else 0
         useful = cfg.capacity
         if cfg.drain:
             useful = min(useful, self.budget - self.counts["completions"])
-        return g + max(0, min(cfg.capacity - self.limit, useful - len(self.active())))
+        return g + max(0, min(cfg.capacity - self.limit, useful - self.num_active))

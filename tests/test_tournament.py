@@ -34,6 +34,7 @@ from gambit_search.policy import (
 )
 from gambit_search.tournament import Tournament, TournamentConfig, TournamentConfigError
 from tests.doubles import RandomScorer
+from tests.test_bookkeeping import assert_index_consistent
 
 
 class Checked(Tournament):
@@ -64,6 +65,7 @@ class Checked(Tournament):
             assert self.running(), "a live question always has a trace running"
             if isinstance(event, Finished) and event.last:  # the finish refilled the pool
                 assert self.room() == 0, (self.room(), self.limit, len(self.active()))
+        assert_index_consistent(self)  # the index by state and the parent heap equal a scan
         return acts
 
 

@@ -183,9 +183,9 @@ class DeepConf(NodeBook):
         if isinstance(event, Progress):
             self._on_progress(event)
             acts = self._confidences(event)
-            if self.threshold is None and not self.active():
+            if self.threshold is None and not self.num_active:
                 acts += self._end_warmup()
-            if self.threshold is not None and not self.active():
+            if self.threshold is not None and not self.num_active:
                 self.done = True
             return acts
         if isinstance(event, MemoryPressure):

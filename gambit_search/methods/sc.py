@@ -42,7 +42,7 @@ class SelfConsistency(NodeBook):
             self._on_scored(event)
         elif isinstance(event, Finished):
             self._on_finished(event)
-            if not self.active():
+            if not self.num_active:
                 self.done = True
         elif isinstance(event, Progress):
             self._on_progress(event)

@@ -153,7 +153,7 @@ class SlimSC(NodeBook):
             return []
         if isinstance(event, Finished):
             self._on_finished(event)
-            if not self.active():
+            if not self.num_active:
                 self.done = True
             return []
         if isinstance(event, Progress):
