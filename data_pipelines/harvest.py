@@ -226,8 +226,9 @@ def _sample(cfg: HarvestConfig, engine, work: list[tuple[int, list]], chunk_done
     decode = kind.decoder(engine)
     # log-probs come from the engine's sampled_logprobs (read in the capture hook), not
     # from vLLM's per-request logprob path: that one cost 10-35 % of the throughput
+    # stream=False: the harvest reads whole traces only, so vLLM builds no per-step outputs
     spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                        max_tokens=cfg.max_tokens)
+                        max_tokens=cfg.max_tokens, stream=False)
     rec = _Recorder(cfg, engine, decode, work, chunk_done)
     drv = Driver(engine, get_method("sc").bind(n=cfg.n), prompt_ids=lambda q: prompt(q.question),
                  decode=decode, spec=spec, recorder=rec,

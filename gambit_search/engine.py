@@ -126,6 +126,12 @@ class SamplingSpec:
     score: bool = True
     """Whether an engine that scores boundaries itself scores this trace's (False: the
     caller reads no scores, e.g. self-consistency, and the engine spends nothing on them)."""
+    stream: bool = True
+    """Deliver the trace's tokens as they are generated. False: a hint that the caller reads
+    only the finished trace (the harvest); an engine may then deliver all of its tokens and
+    events in the step it finishes (vLLM: ``RequestOutputKind.FINAL_ONLY``, so no per-step
+    request outputs are built for it), or stream as usual (the fake engine). A fork of such
+    a trace branches from what was delivered."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

@@ -14,7 +14,8 @@
 #   bash scripts/gpu_run.sh stage 2 && bash scripts/gpu_run.sh unpack && bash scripts/gpu_run.sh tests
 #                                             # carry .vllmcarry/b.2
 #   bash scripts/gpu_run.sh bench-engine      # adapter vs plain LLM.generate
-#   bash scripts/gpu_run.sh bench-harvest     # harvest vs plain generate
+#   bash scripts/gpu_run.sh bench-harvest     # harvest vs plain generate (bench-harvest 2 profile:
+#                                             # and one more harvest under cProfile)
 #   bash scripts/gpu_run.sh bench-solve       # gambit-solve's loop vs SC
 #   bash scripts/gpu_run.sh bench-solve-smol  # the same on SmolLM2 (bundle smol), 256 live traces
 #   bash scripts/gpu_run.sh bench-serve 2     # gambit-serve under load (after `serve-wheels`
@@ -123,7 +124,7 @@ EOF
   bench-harvest)
     gpu_env
     $PY benchmarks/harvest_throughput.py --questions 64 --n 16 --repeats "${2:-2}" \
-      --json "$OUT/harvest_throughput.json" --profile "$OUT/harvest_profile.txt" \
+      --json "$OUT/harvest_throughput.json" ${3:+--profile "$OUT/harvest_profile.txt"} \
       > "$OUT/harvest_throughput.log" 2>&1
     tail -30 "$OUT/harvest_throughput.json" ;;
   bench-harvest-smol)

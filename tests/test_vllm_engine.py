@@ -1032,3 +1032,17 @@ def test_sampled_logprobs_fast_path_for_the_same_rows_equals_the_general_one():
     perm = [2, 0, 1]
     got2 = slow.step(["c", "a", "b"], steps[1][0][perm], steps[1][1][perm], logits[1][perm])
     torch.testing.assert_close(got2, got[1][perm], equal_nan=True)
+
+
+def test_a_trace_that_does_not_stream_asks_vllm_for_its_final_output_only():
+    """``SamplingSpec(stream=False)`` (the harvest) maps to vLLM's FINAL_ONLY, the default
+    to DELTA: vLLM then builds no per-step request output for such a trace."""
+    from vllm.sampling_params import RequestOutputKind
+
+    from gambit_search._vllm_internals.compat import request_params
+    from gambit_search.engine import SamplingSpec
+
+    kinds = {s: request_params(SamplingSpec(max_tokens=8, stream=s), seed=1, max_tokens=8,
+                               stream_interval=1, detokenize=False).output_kind
+             for s in (True, False)}
+    assert kinds == {True: RequestOutputKind.DELTA, False: RequestOutputKind.FINAL_ONLY}

@@ -137,7 +137,8 @@ def request_params(spec: SamplingSpec, seed: int, max_tokens: int, stream_interv
                    detokenize: bool) -> Any:
     """The ``SamplingParams`` of one Gambit request: ``spec`` with ``seed`` and
     ``max_tokens``, outputs as deltas (``RequestOutputKind.DELTA``) every ``stream_interval``
-    tokens, flat log-probs (one flat list per delta instead of a dict of ``Logprob`` objects
+    tokens (``FINAL_ONLY`` for a spec with ``stream=False``: one output at the end, which is
+    the same as one delta of every token; checked on 0.32.0 and 0.26.0), flat log-probs (one flat list per delta instead of a dict of ``Logprob`` objects
     per token), through :func:`sampling_params`."""
     from vllm.sampling_params import RequestOutputKind
 
@@ -151,7 +152,7 @@ def request_params(spec: SamplingSpec, seed: int, max_tokens: int, stream_interv
         stop_token_ids=list(spec.stop_token_ids),
         ignore_eos=spec.ignore_eos,
         seed=seed,
-        output_kind=RequestOutputKind.DELTA,
+        output_kind=RequestOutputKind.DELTA if spec.stream else RequestOutputKind.FINAL_ONLY,
         stream_interval=stream_interval if stream_interval > 1 else None,
         skip_special_tokens=True,
         detokenize=detokenize,
