@@ -1,6 +1,8 @@
 """gambit-harvest: rollouts on vLLM -> a graded dataset of boundary hidden states.
 
-For every question it samples ``--n`` traces through the engine adapter, records the
+For every question it samples ``--n`` traces through the search driver (SC with a
+recorder: the one engine loop gambit-solve runs; grading and shard writes on a thread of
+their own), records the
 policy's last-layer hidden state at every thought boundary, grades the final answer, and
 writes one parquet row per trace (schema: ``gambit_scorer.harvest_io.HARVEST_SCHEMA``).
 
@@ -67,10 +69,6 @@ class HarvestConfig(SamplingConfig):
     """Most traces live in the engine at once (vLLM's max_num_seqs)."""
     kv_cache: float = field(default=1.0, metadata=RUN_ONLY)
     """KV-cache size in GiB."""
-    stream_interval: int = field(default=8, metadata=RUN_ONLY)
-    """Deliver generated tokens every N steps (vLLM's ``stream_interval``). The harvest only
-    needs whole traces, so batching the deliveries saves vLLM's per-step output building;
-    the sampled tokens are the same for any value (not part of the config fingerprint)."""
     engine: str = "vllm"
     """'vllm', or 'fake' (scripted engine: tests and dry runs)."""
 
@@ -94,7 +92,7 @@ def _make_engine(cfg: HarvestConfig):
     kind = get_engine_kind(cfg.engine)
     eng = kind.start(EngineSettings(
         model=cfg.model, max_live=cfg.max_live, seed=cfg.seed, kv_cache=cfg.kv_cache,
-        confidence=True, extra={"dtype": "auto", "stream_interval": cfg.stream_interval,
+        confidence=True, extra={"dtype": "auto",
                                 "log_stats": False}))
     return eng, sorted(getattr(eng, "boundary_ids", None) or kind.facts(cfg.model).boundary_ids)
 
