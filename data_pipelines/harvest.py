@@ -125,12 +125,11 @@ class _Recorder:
     all ended (its result came out of the driver); a chunk whose questions are all done is
     written as one shard."""
 
-    def __init__(self, cfg: HarvestConfig, engine, decode, work: list[tuple[int, list]],
-                 on_chunk_done) -> None:
+    def __init__(self, engine, decode, work: list[tuple[int, list]], on_chunk_done) -> None:
         import queue
         import threading
 
-        self.cfg, self.eng, self.decode = cfg, engine, decode
+        self.eng, self.decode = engine, decode
         self.hidden_size = engine.hidden_size
         self.on_chunk_done = on_chunk_done
         self.chunk_of = {str(q.id): c for c, qs in work for q in qs}
@@ -227,7 +226,7 @@ def _sample(cfg: HarvestConfig, engine, work: list[tuple[int, list]], chunk_done
     # stream=False: the harvest reads whole traces only, so vLLM builds no per-step outputs
     spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                         max_tokens=cfg.max_tokens, stream=False)
-    rec = _Recorder(cfg, engine, decode, work, chunk_done)
+    rec = _Recorder(engine, decode, work, chunk_done)
     drv = Driver(engine, get_method("sc").bind(n=cfg.n), prompt_ids=lambda q: prompt(q.question),
                  decode=decode, spec=spec, recorder=rec,
                  config=DriverConfig(max_live=cfg.max_live + cfg.n, admit_on_live=True,
