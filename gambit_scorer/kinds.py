@@ -199,6 +199,13 @@ class ScorerKind(ABC):
         (then a caller that needs prefixes keeps one state per step: they are small)."""
         return None
 
+    def pool(self, model: nn.Module) -> Any | None:
+        """A store of every trace's state in preallocated tensors, whose batched step costs
+        the same ops for any number of traces (``add``/``drop``/``step``, as
+        :class:`~gambit_scorer.seq_pool.SeqPool`), or None: run time keeps immutable states
+        and calls :meth:`step`."""
+        return None
+
     @abstractmethod
     def append(self, model: nn.Module, state: Any, x: Tensor) -> tuple[Any, float]:
         """Add steps x [k, F] to one trace's state -> (new state, trace score)."""
@@ -378,6 +385,11 @@ class SeqKind(ScorerKind):
 
     def new_state(self) -> SeqHistory:
         return SeqHistory()
+
+    def pool(self, model):
+        from gambit_scorer.seq_pool import SeqPool
+
+        return SeqPool(model)
 
     def prefix(self, state, k, score):
         # causal attention: the cache of the first k steps is the first k cache entries,

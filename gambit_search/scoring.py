@@ -70,6 +70,9 @@ class RuntimeScorer:
         self.kind: str = scorer.kind
         self._kind = scorer.scorer_kind
         self.needs_confidence: bool = scorer.needs_confidence
+        self._pool = self._kind.pool(scorer.model)
+        """The kind's batched cache store (a SeqScorer's :class:`~gambit_scorer.seq_pool.SeqPool`),
+        or None: states are immutable values in ``_hist``, stepped by ``kind.step``."""
         self._hist: dict[Hashable, Any] = {}
         self._thought_start: dict[Hashable, int] = {}
         self.forwards = 0
@@ -78,20 +81,25 @@ class RuntimeScorer:
 
     def add(self, key: Hashable, parent: Hashable | None = None) -> None:
         """Start ``key``'s state: fresh, or a copy of ``parent``'s (a branch)."""
-        self._hist[key] = (self._kind.new_state() if parent is None
-                           else self._kind.fork(self._hist[parent]))
+        if self._pool is not None:
+            self._pool.add(key, src=parent)
+        else:
+            self._hist[key] = (self._kind.new_state() if parent is None
+                               else self._kind.fork(self._hist[parent]))
         self._thought_start[key] = 0
 
     def drop(self, key: Hashable) -> None:
         """Forget ``key`` (its trace ended)."""
+        if self._pool is not None:
+            self._pool.drop(key)
         self._hist.pop(key, None)
         self._thought_start.pop(key, None)
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self._hist
+        return key in self._thought_start
 
     def __len__(self) -> int:
-        return len(self._hist)
+        return len(self._thought_start)
 
     def score(self, items: Sequence[tuple[Hashable, np.ndarray, int]],
               logprobs: Mapping[Hashable, np.ndarray] | None = None) -> list[float]:
@@ -134,9 +142,13 @@ class RuntimeScorer:
         self.forwards += 1
         with torch.inference_mode():
             x = self.scorer.make_features(hidden, cm, cn)
-            new, scores = self._kind.step(self.scorer.model, [self._hist[k] for k in keys], x)
-        for k, h, sc, i in zip(keys, new, scores, where, strict=True):
-            self._hist[k] = h
+            if self._pool is not None:
+                scores = self._pool.step(keys, x)
+            else:
+                new, scores = self._kind.step(self.scorer.model, [self._hist[k] for k in keys], x)
+                for k, h in zip(keys, new, strict=True):
+                    self._hist[k] = h
+        for sc, i in zip(scores, where, strict=True):
             out[i] = float(sc)
 
 
@@ -152,7 +164,9 @@ class ScoreBook:
         self._rs = RuntimeScorer(scorer, threads=None)
         self._kind = scorer.scorer_kind
         # whether a state can be cut back to a prefix (else one state per step is kept)
-        self._cuttable = self._kind.prefix(self._kind.new_state(), 0, None) is not None
+        self._pooled = self._rs._pool is not None
+        self._cuttable = (self._pooled
+                          or self._kind.prefix(self._kind.new_state(), 0, None) is not None)
         self._pos: dict[int, list[int]] = {}  # trace -> positions of its scored boundaries
         self._scores: dict[int, list[float]] = {}  # trace -> its score after each of them
         self._snaps: dict[int, list[Any]] = {}  # trace -> its state after each (not cuttable)
@@ -175,6 +189,16 @@ class ScoreBook:
         forgotten) starts fresh."""
         self._req[trace] = incarnation
         rs, kind = self._rs, self._kind
+        if self._pooled:
+            if src is None or src not in self._pos:
+                rs._pool.add(trace)
+                self._pos[trace], self._scores[trace] = [], []
+            else:
+                k = len(self._pos[src]) if cut is None else bisect_left(self._pos[src], cut)
+                rs._pool.add(trace, src=src, k=k)
+                self._pos[trace], self._scores[trace] = self._pos[src][:k], self._scores[src][:k]
+            rs._thought_start[trace] = 0
+            return
         if src is None or src not in self._pos:
             state, pos, scores, snaps = kind.new_state(), [], [], []
         else:
