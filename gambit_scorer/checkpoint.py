@@ -229,6 +229,12 @@ class LoadedScorer:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def to(self, device: str | torch.device) -> LoadedScorer:
+        """This scorer on ``device`` (itself when already there; the model moves in place)."""
+        if torch.device(device) != self.device:
+            self.model.to(device)
+        return self
+
     def make_features(self, hidden, conf_mean=None, conf_min=None) -> Tensor:
         """Per-step inputs [..., input_size] exactly as in training."""
         h = _tensor(hidden)

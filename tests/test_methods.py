@@ -532,6 +532,24 @@ def test_slim_sc_without_its_embedding_package_is_refused(monkeypatch):
         check_config(SolveConfig(method="slim-sc", scorer="none"), "q")  # defaults
 
 
+def test_scorer_device_is_checked_and_resolved(monkeypatch):
+    """--scorer-device: a bad value is refused up front; "auto" follows what this process
+    sees; "cuda" without a GPU is a one-line error, not a CUDA traceback mid-run."""
+    import torch
+
+    from gambit_search.solve import check_config
+    from gambit_search.solve.run import scorer_device
+
+    with pytest.raises(SolveInputError, match="--scorer-device must be one of cpu, cuda, auto"):
+        check_config(SolveConfig(scorer_device="gpu"), "q")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert scorer_device("auto") == "cpu" and scorer_device("cpu") == "cpu"
+    with pytest.raises(SolveInputError, match="sees no GPU"):
+        scorer_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert scorer_device("auto") == "cuda"
+
+
 def test_one_embedder_is_built_per_run_and_shared_by_its_policies(monkeypatch):
     """Slim-SC's policies of one run share one embedding model through ``ctx.shared``: built
     on the first policy, reused by the next, and rebuilt for another run's context."""

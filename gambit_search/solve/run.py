@@ -138,7 +138,19 @@ def driver_scorer(prep: Prepared, engine: Any) -> Any:
             and engine.scorer_checkpoint == str(Path(prep.cfg.scorer).resolve())
             and not prep.needs_confidence):
         return None
-    return RuntimeScorer(prep.scorer)
+    return RuntimeScorer(prep.scorer.to(scorer_device(prep.cfg.scorer_device)))
+
+
+def scorer_device(name: str) -> str:
+    """``SolveConfig.scorer_device`` resolved: "auto" is cuda when this process sees a GPU
+    (an InputError for "cuda" without one)."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise InputError("--scorer-device cuda: this process sees no GPU")
+    return name
 
 
 def _defaults(bound: Any) -> dict:
@@ -167,6 +179,7 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
         driver = Driver(engine, bound, prompt_ids=lambda q: prompt(q.question), decode=decode,
                         spec=spec, scorer=driver_scorer(prep, engine),
                         config=DriverConfig(max_live=cfg.max_live, seed=cfg.seed,
+                                            admit_on_live=cfg.admit_on_live,
                                             score_every=cfg.score_every, vote_rule=cfg.rule))
         rows = _drive(prep, driver, out, progress)
     wall = time.perf_counter() - t0
