@@ -121,9 +121,11 @@ class SeqPool:
 
     # -- scoring
     @torch.inference_mode()
-    def step(self, keys: Sequence[Hashable], x: Tensor) -> np.ndarray:
+    def step(self, keys: Sequence[Hashable], x: Tensor, to_host: bool = True
+             ) -> np.ndarray | Tensor:
         """One new step ``x[i]`` ([B, F] features, on any device) for each of the distinct
-        ``keys``, in one forward -> each trace's new probability, float64 [B]."""
+        ``keys``, in one forward -> each trace's new probability, float64 [B]; with
+        ``to_host=False`` a float32 tensor on the pool's device, not waited for."""
         model = self.model
         slots = [self._slot[k] for k in keys]
         n = self._n[slots]
@@ -165,5 +167,7 @@ class SeqPool:
             self._k[li, idx, w] = k[:, :, 0]
             self._v[li, idx, w] = v[:, :, 0]
         self._n[slots] = n + 1
-        logits = model.head(model.norm(h)).reshape(B)
-        return torch.sigmoid(logits).float().cpu().numpy().astype(np.float64)
+        probs = torch.sigmoid(model.head(model.norm(h)).reshape(B)).float()
+        if not to_host:
+            return probs
+        return probs.cpu().numpy().astype(np.float64)

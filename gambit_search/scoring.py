@@ -218,12 +218,22 @@ class ScoreBook:
         if not self._cuttable:
             self._snaps[trace] = snaps
 
+    @property
+    def pooled(self) -> bool:
+        """Whether the states live in the kind's pool (then :meth:`score` can answer with a
+        tensor on the scorer's device, not waited for: ``on_device=True``)."""
+        return self._pooled
+
     def score(self, traces: Sequence[int], positions: Sequence[int],
-              hidden: Any) -> np.ndarray:
+              hidden: Any, on_device: bool = False) -> Any:
         """Score one step's boundary rows (row i: ``traces[i]`` at ``positions[i]``, state
         ``hidden[i]``; positions increasing per trace) in one batched forward per wave. Each
         row's new trace score, NaN for a row at or before the trace's last scored position
-        (a recomputed prefill row). A trace never started starts fresh."""
+        (a recomputed prefill row). A trace never started starts fresh. ``on_device`` (a
+        pooled kind only): a float32 tensor on the scorer's device, whose values the caller
+        reads when it likes (no wait here); else float64 numpy."""
+        if on_device and not self._pooled:
+            raise ValueError("on_device scores need a pooled scorer kind")
         out = np.full(len(traces), np.nan)
         items, where = [], []
         last: dict[int, int] = {}
@@ -238,6 +248,8 @@ class ScoreBook:
             last[t] = p
             items.append((t, hidden[i], p))
             where.append(i)
+        if on_device:
+            return self._score_on_device(items, where, len(traces))
         if not items:
             return out
         pending = list(range(len(items)))
@@ -256,6 +268,32 @@ class ScoreBook:
                 if not self._cuttable:
                     self._snaps[t].append(self._rs._hist[t])
             pending = later
+        self.rows_scored += len(items)
+        return out
+
+    def _score_on_device(self, items: list, where: list[int], n: int) -> Any:
+        """:meth:`score` of a pooled kind, answered on the scorer's device."""
+        import torch
+
+        rs = self._rs
+        dev = rs.scorer.device
+        out = torch.full((n,), float("nan"), device=dev)
+        pending = list(range(len(items)))
+        with torch.inference_mode():
+            while pending:  # waves, as in score
+                seen: set[int] = set()
+                wave, later = [], []
+                for k in pending:
+                    (later if items[k][0] in seen else wave).append(k)
+                    seen.add(items[k][0])
+                keys = [items[k][0] for k in wave]
+                hidden = torch.stack([torch.as_tensor(items[k][1]) for k in wave]).float()
+                probs = rs._pool.step(keys, rs.scorer.make_features(hidden), to_host=False)
+                out[torch.as_tensor([where[k] for k in wave], device=dev)] = probs
+                for k in wave:
+                    self._pos[items[k][0]].append(items[k][2])
+                rs.forwards += 1
+                pending = later
         self.rows_scored += len(items)
         return out
 

@@ -76,6 +76,86 @@ def test_a_scorer_with_confidence_features_is_refused():
         ScoreBook(Conf())
 
 
+def test_scores_left_on_the_device_equal_the_host_ones():
+    """A pooled book's ``on_device`` answer (what the CUDA worker copies back behind an event)
+    equals its numpy answer row for row, through branches, revives, recomputed rows (NaN)
+    and several boundaries of one trace in one step."""
+    sc = _scorer("seq")
+    host, dev = ScoreBook(sc), ScoreBook(sc)
+    assert dev.pooled
+    rng = np.random.default_rng(1)
+    d = sc.hidden_size
+    at: dict[int, int] = {}
+    for step in range(40):
+        if step % 7 == 3:  # a branch of a live trace, cut somewhere in it
+            src = int(rng.choice(list(at)))
+            new, cut = max(at) + 1, int(rng.integers(0, at[src] + 2))
+            for b in (host, dev):
+                b.start(new, 0, src=src, cut=cut)
+            at[new] = cut
+        traces = [int(t) for t in rng.choice(list(at) or [0], size=int(rng.integers(1, 6)))]
+        pos = []
+        for t in traces:  # increasing per trace; sometimes a row at a position already seen
+            at[t] = at.get(t, 0) + int(rng.integers(-1, 3))
+            pos.append(at[t])
+        h = rng.standard_normal((len(traces), d)).astype(np.float32)
+        want = host.score(traces, pos, h)
+        got = dev.score(traces, pos, torch.from_numpy(h), on_device=True)
+        assert isinstance(got, torch.Tensor)
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert host.rows_scored == dev.rows_scored > 40
+    with pytest.raises(ValueError, match="pooled"):
+        ScoreBook(_scorer("mlp")).score([0], [1], np.zeros((1, d), np.float32), on_device=True)
+
+
+def test_a_step_whose_scores_are_not_back_waits_and_keeps_the_message_order(monkeypatch):
+    """The worker encodes a step's message only once its scores are on the host (a CUDA
+    event, faked here): later steps queue behind it, in order, and a flush waits for it."""
+    from gambit_search._vllm_internals import (
+        CaptureSpec,
+        RowCapture,
+        decode_message,
+        make_request_id,
+    )
+
+    class Event:
+        done = False
+
+        def query(self):
+            return self.done
+
+        def synchronize(self):
+            self.done = True
+
+    events: list[Event] = []
+    cap = RowCapture(CaptureSpec(boundary_ids=[4]), _scorer("seq"))
+    real = RowCapture._score
+
+    def late(self, st, keys, trace, pos, sel):
+        scores, _ = real(self, st, keys, trace, pos, sel)
+        events.append(Event())
+        return scores, events[-1]
+
+    monkeypatch.setattr(RowCapture, "_score", late)
+    rid = make_request_id(0, 0, 1, True) + "-0a1b2c3d"
+    d = cap._book._rs.scorer.hidden_size
+    for p in (1, 2, 3):  # boundary tokens at 1 and 3
+        cap.record([rid], torch.randn(1, d), torch.tensor([p]), torch.tensor([4 if p != 2 else 5]))
+    assert len(events) == 3 and cap.messages == 0  # nothing encoded: step 1's scores are out
+    events[1].done = events[2].done = True
+    cap.record([rid], torch.randn(1, d), torch.tensor([4]), torch.tensor([5]))
+    assert cap.messages == 0  # steps 2 and 3 are back, but wait behind step 1
+    events[0].done = events[3].done = True
+    cap.record([rid], torch.randn(1, d), torch.tensor([5]), torch.tensor([5]))
+    assert cap.messages == 4  # steps 1-4 in order; step 5's event is not done
+    sent, rest = cap.flush()  # the barrier waits for it
+    msgs = [decode_message(m) for m in rest]
+    assert [m.seq for m in msgs] == [1, 2, 3, 4, 5] and cap.messages == 5
+    scored = [m for m in msgs if len(m.keep)]
+    assert [m.pos[m.keep].tolist() for m in scored] == [[1], [3]]
+    assert all(np.isfinite(m.score).all() for m in scored)
+
+
 def test_request_ids_carry_the_scorer_source_and_cut():
     from gambit_search._vllm_internals import make_request_id, parse_request_id
 

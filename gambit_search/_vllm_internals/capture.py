@@ -98,6 +98,9 @@ class RowCapture:
         self._last_keep: list[int] = []  # the rows of its Gambit requests,
         self._last_kept_ids: list[str] = []  # and their ids
         self._pending: list[_Step] = []
+        # filtered steps whose scores are still on the device: (message fields, host scores,
+        # CUDA event after their copy or None), encoded in order once their event completes
+        self._late: list[tuple[tuple, Any, Any]] = []
         self._out = RowPusher(spec.sink)
         self._seq = 0  # last sequence number handed to the outbox
         self.rows_seen = 0
@@ -191,13 +194,25 @@ class RowCapture:
 
     # -- filtering -----------------------------------------------------------------------
     def _compact(self, block: bool) -> None:
-        """Filter pending steps in order: all of them if ``block``, else those ready."""
+        """Filter pending steps in order, then encode the filtered steps whose scores are on
+        the host: all of them if ``block``, else those ready."""
         while self._pending:
             st = self._pending[0]
             if not block and st.event is not None and not st.event.query():
                 break
             self._pending.pop(0)
             self._filter(st)
+        while self._late:
+            fields, scores, ev = self._late[0]
+            if ev is not None:
+                if not block and not ev.query():
+                    break
+                ev.synchronize()
+            self._late.pop(0)
+            if scores is not None and not isinstance(scores, np.ndarray):
+                scores = scores.numpy().astype(np.float64)
+            self._seq += 1
+            self._out.outbox.append(encode_message(self._seq, *fields, scores))
 
     def _filter(self, st: _Step) -> None:
         """One message per recorded step: every Gambit row's (trace, incarnation, position)
@@ -207,10 +222,10 @@ class RowCapture:
         pos = st.pos.to(torch.int64).numpy()
         tok = st.tok.to(torch.int64).numpy()
         keys, trace, inc, sel = self._rule.select(st.req_ids, pos, tok)
-        scores = None
+        scores, ev = None, None
         if self._book is not None:
             t0 = time.perf_counter()
-            scores = self._score(st, keys, trace, pos, sel)
+            scores, ev = self._score(st, keys, trace, pos, sel)
             self.score_seconds += time.perf_counter() - t0
         if len(sel) and self.spec.ship_rows:
             rows = st.rows[torch.from_numpy(sel)].to(torch.float32).numpy()
@@ -218,18 +233,45 @@ class RowCapture:
             rows = np.zeros((len(sel), st.rows.shape[1] if self.spec.ship_rows else 0),
                             dtype=np.float32)
         self.rows_kept += len(sel)
-        self._seq += 1
-        self._out.outbox.append(encode_message(
-            self._seq, trace, inc, pos, sel.astype(np.int64), [keys[i].ext for i in sel.tolist()],
-            tok[sel], rows, None if st.lp is None else st.lp.to(torch.float32).numpy(), scores))
+        # encoded by _compact, in order, once the scores are on the host
+        self._late.append(((trace, inc, pos, sel.astype(np.int64),
+                            [keys[i].ext for i in sel.tolist()], tok[sel], rows,
+                            None if st.lp is None else st.lp.to(torch.float32).numpy()),
+                           scores, ev))
 
     def _score(self, st: _Step, keys: list, trace: np.ndarray, pos: np.ndarray,
-               sel: np.ndarray) -> np.ndarray:
+               sel: np.ndarray) -> tuple[Any, Any]:
         """The kept rows' trace scores from the book, after starting the states of the
         step's new requests (a fork's or a revive's from its source, cut where its id
-        says). Runs on the rows' original device; on CUDA on a stream of its own, so the
-        wait for the scores waits for the scorer's kernels only, not for the next forward
-        already queued on the model's stream."""
+        says) -> (scores, event). Runs on the rows' original device. On CUDA everything the
+        book does runs on a stream of its own (its starts copy pool slots that its steps
+        write: one stream orders them), and nothing waits here: the scores are copied to
+        pinned host memory behind an event, and the step's message is encoded once that
+        event completes (at a later step, or at the next flush), so the worker never waits
+        for the scorer's kernels while the next forward is queued. Elsewhere: (numpy
+        scores, None)."""
+        book = self._book
+        assert book is not None
+        dev = st.device
+        if dev is None or dev.type != "cuda":
+            return self._score_on(st, keys, trace, pos, sel, on_device=False), None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(dev)
+        with torch.cuda.stream(self._stream):
+            out = self._score_on(st, keys, trace, pos, sel, on_device=book.pooled)
+            if isinstance(out, np.ndarray):
+                return out, None
+            host = torch.empty(out.shape, dtype=out.dtype, pin_memory=True)
+            host.copy_(out, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(self._stream)
+            return host, ev
+
+    def _score_on(self, st: _Step, keys: list, trace: np.ndarray, pos: np.ndarray,
+                  sel: np.ndarray, on_device: bool) -> Any:
+        """The book's starts for the step's new requests, then its scores of the kept rows
+        (NaN for rows nobody reads: self-consistency's), as numpy or (``on_device``) as a
+        tensor on the rows' device."""
         book = self._book
         assert book is not None
         if keys is not self._started_of:  # the step's requests changed: any new ones?
@@ -238,30 +280,24 @@ class RowCapture:
                 if book.current(k.trace) != k.incarnation:
                     book.start(k.trace, k.incarnation, k.src if k.src >= 0 else None, k.cut)
         quiet = np.fromiter((keys[i].quiet for i in sel.tolist()), dtype=bool, count=len(sel))
-        if quiet.any():  # rows nobody reads the scores of (self-consistency's): NaN
-            out = np.full(len(sel), np.nan)
-            loud = np.flatnonzero(~quiet)
+        loud = sel[~quiet]
+        if len(loud):
+            h = st.rows[torch.from_numpy(loud)]
+            if st.device is not None and st.device.type == "cuda":
+                h = h.to(st.device, non_blocking=True)
+            got = book.score(trace[loud].tolist(), pos[loud].tolist(), h, on_device=on_device)
+        if not quiet.any():
+            return got if len(sel) else np.zeros(0)
+        # rows nobody reads the scores of (self-consistency's): NaN
+        if on_device:
+            out = torch.full((len(sel),), float("nan"), device=st.device)
             if len(loud):
-                out[loud] = self._score_rows(st, trace, pos, sel[loud])
+                out[torch.from_numpy(np.flatnonzero(~quiet)).to(st.device)] = got
             return out
-        return self._score_rows(st, trace, pos, sel)
-
-    def _score_rows(self, st: _Step, trace: np.ndarray, pos: np.ndarray,
-                    sel: np.ndarray) -> np.ndarray:
-        book = self._book
-        assert book is not None
-        if not len(sel):
-            return np.zeros(0)
-        dev = st.device
-        idx = torch.from_numpy(sel)
-        tr, ps = trace[sel].tolist(), pos[sel].tolist()
-        if dev.type == "cuda":
-            if self._stream is None:
-                self._stream = torch.cuda.Stream(dev)
-            with torch.cuda.stream(self._stream):
-                h = st.rows[idx].to(dev, non_blocking=True)
-                return book.score(tr, ps, h)
-        return book.score(tr, ps, st.rows[idx])
+        out = np.full(len(sel), np.nan)
+        if len(loud):
+            out[~quiet] = got
+        return out
 
     def forget(self, traces: Sequence[int]) -> None:
         """Drop the scorer states of ``traces`` (they ended for good)."""
