@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gambit_scorer.models import SeqScorer, apply_rope
+from gambit_scorer.models import SeqScorer
 
 __all__ = ["SeqPool"]
 
@@ -100,7 +100,7 @@ class SeqPool:
             s = self._slot[src]
             have = int(self._n[s])
             n = have if k is None else min(int(k), have)
-            if n < have and have > self.window:
+            if 0 < n < have and have > self.window:  # (a cut to nothing is a fresh start)
                 raise ValueError(f"trace {src!r} has {have} steps, past the scorer's window of "
                                  f"{self.window}: its first {n} can no longer be cut out")
             m = min(n, self.window)
@@ -148,22 +148,13 @@ class SeqPool:
         h = model.input_proj(x.to(device=dev, dtype=self._dtype)).unsqueeze(1)  # [B, 1, D]
         pos = torch.as_tensor(n, device=dev)
         for li, layer in enumerate(model.layers):
-            attn = layer.attn
-            a = layer.norm1(h)
-            D = a.shape[-1]
-            q, k, v = attn.qkv(a).split(D, dim=-1)
-            q, k, v = (t.view(B, 1, attn.nhead, attn.head_dim).transpose(1, 2) for t in (q, k, v))
-            cos, sin = attn.rope(pos)
-            cos, sin = cos[:, None, None, :], sin[:, None, None, :]
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k, v = model.step_qkv(layer, h, pos)
             if lg:
                 K = torch.cat((self._k[li, idx, :lg].transpose(1, 2), k), dim=2)
                 V = torch.cat((self._v[li, idx, :lg].transpose(1, 2), v), dim=2)
             else:
                 K, V = k, v
-            y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
-            h = h + layer.drop(attn.out_proj(y.transpose(1, 2).reshape(B, 1, D)))
-            h = h + layer.drop(layer.ffn(layer.norm2(h)))
+            h = model.step_out(layer, h, F.scaled_dot_product_attention(q, K, V, attn_mask=mask))
             self._k[li, idx, w] = k[:, :, 0]
             self._v[li, idx, w] = v[:, :, 0]
         self._n[slots] = n + 1

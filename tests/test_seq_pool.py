@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gambit_scorer.kinds import get_kind
@@ -76,6 +76,9 @@ _op = st.tuples(st.sampled_from(["new", "fork", "cut", "drop", "step", "step", "
 
 
 @settings(max_examples=40, deadline=None)
+@example(ops=[("new", 0, 0), ("new", 2, 0), ("new", 3, 0)] + [("step", 0, 0)] * 4
+         + [("new", 1, 0), ("step", 0, 0), ("cut", 0, 3)],
+         seed=0, max_len=3)  # a cut to no step of a trace past its window: a fresh start
 @given(ops=st.lists(_op, min_size=1, max_size=60), seed=st.integers(0, 2**16),
        max_len=st.sampled_from([3, 4096]))
 def test_pool_matches_value_states(ops: list[tuple], seed: int, max_len: int) -> None:
