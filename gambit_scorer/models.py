@@ -233,6 +233,27 @@ class SeqScorer(nn.Module):
             cache.append(kv)
         return self.head(self.norm(h)).squeeze(-1), cache
 
+    @staticmethod
+    def step_qkv(layer: nn.Module, h: Tensor, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One new step per trace through ``layer``'s attention input: queries, keys, values
+        [B, n_head, 1, head_dim] for states ``h`` [B, 1, D] at positions ``pos`` [B] (RoPE
+        applied to queries and keys)."""
+        attn = layer.attn
+        B, D = h.shape[0], h.shape[-1]
+        q, k, v = attn.qkv(layer.norm1(h)).split(D, dim=-1)
+        q, k, v = (t.view(B, 1, attn.nhead, attn.head_dim).transpose(1, 2) for t in (q, k, v))
+        cos, sin = attn.rope(pos)  # [B, head_dim]
+        cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    @staticmethod
+    def step_out(layer: nn.Module, h: Tensor, y: Tensor) -> Tensor:
+        """``layer``'s output for one new step per trace: ``h`` [B, 1, D] plus the attention
+        result ``y`` [B, n_head, 1, head_dim] projected, then the feed-forward block."""
+        B, D = h.shape[0], h.shape[-1]
+        h = h + layer.drop(layer.attn.out_proj(y.transpose(1, 2).reshape(B, 1, D)))
+        return h + layer.drop(layer.ffn(layer.norm2(h)))
+
     def step_batch(
         self, x: Tensor, pasts: Sequence[Sequence[KVCache] | None], starts: Sequence[int]
     ) -> tuple[Tensor, list[list[KVCache]]]:
@@ -258,13 +279,7 @@ class SeqScorer(nn.Module):
         new: list[list[KVCache]] = [[] for _ in range(B)]
         for li, layer in enumerate(self.layers):
             attn = layer.attn
-            a = layer.norm1(h)
-            D = a.shape[-1]
-            q, k, v = attn.qkv(a).split(D, dim=-1)
-            q, k, v = (t.view(B, 1, attn.nhead, attn.head_dim).transpose(1, 2) for t in (q, k, v))
-            cos, sin = attn.rope(pos)  # [B, head_dim]
-            cos, sin = cos[:, None, None, :], sin[:, None, None, :]
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k, v = self.step_qkv(layer, h, pos)
             # pad the past keys/values to L in one call each, then append the new step
             empty = k.new_zeros(0, attn.nhead, attn.head_dim)
             ks = [empty if p is None else p[li][0][0].transpose(0, 1) for p in pasts]
@@ -274,9 +289,7 @@ class SeqScorer(nn.Module):
                 V = torch.cat((pad_sequence(vs, batch_first=True).transpose(1, 2), v), dim=2)
             else:
                 K, V = k, v
-            y = F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
-            h = h + layer.drop(attn.out_proj(y.transpose(1, 2).reshape(B, 1, D)))
-            h = h + layer.drop(layer.ffn(layer.norm2(h)))
+            h = self.step_out(layer, h, F.scaled_dot_product_attention(q, K, V, attn_mask=mask))
             for i, p in enumerate(pasts):
                 ki, vi = k[i : i + 1], v[i : i + 1]
                 if p is not None and lens[i]:

@@ -168,7 +168,7 @@ class ScoreBook:
         self._cuttable = (self._pooled
                           or self._kind.prefix(self._kind.new_state(), 0, None) is not None)
         self._pos: dict[int, list[int]] = {}  # trace -> positions of its scored boundaries
-        self._scores: dict[int, list[float]] = {}  # trace -> its score after each of them
+        self._scores: dict[int, list[float]] = {}  # trace -> its score after each (not pooled)
         self._snaps: dict[int, list[Any]] = {}  # trace -> its state after each (not cuttable)
         self._req: dict[int, int] = {}  # trace -> the incarnation its state is for
         self.rows_scored = 0
@@ -192,11 +192,11 @@ class ScoreBook:
         if self._pooled:
             if src is None or src not in self._pos:
                 rs._pool.add(trace)
-                self._pos[trace], self._scores[trace] = [], []
-            else:
+                self._pos[trace] = []
+            else:  # the pool cuts states itself: no per-boundary scores or snapshots kept
                 k = len(self._pos[src]) if cut is None else bisect_left(self._pos[src], cut)
                 rs._pool.add(trace, src=src, k=k)
-                self._pos[trace], self._scores[trace] = self._pos[src][:k], self._scores[src][:k]
+                self._pos[trace] = self._pos[src][:k]
             rs._thought_start[trace] = 0
             return
         if src is None or src not in self._pos:
@@ -264,7 +264,8 @@ class ScoreBook:
                 t, _, p = items[k]
                 out[where[k]] = sc
                 self._pos[t].append(p)
-                self._scores[t].append(sc)
+                if not self._pooled:  # what kind.prefix needs to cut a state back
+                    self._scores[t].append(sc)
                 if not self._cuttable:
                     self._snaps[t].append(self._rs._hist[t])
             pending = later
