@@ -346,9 +346,10 @@ class Driver(MemoryMixin):
                     self._seq_len[d.trace] += len(d.token_ids)
             if d.finish_reason is not None:
                 finished.setdefault(key, []).append(self._finished_event(st, node, d))
-        for key in set(per_q) | set(finished) | set(progress):
-            st = active.get(key)
-            if st is None:
+        # in admission order, not a set's: questions share the engine's memory, so the order
+        # their events are applied in must not depend on the process's string hash seed
+        for key, st in list(active.items()):
+            if key not in per_q and key not in finished and key not in progress:
                 continue
             fin = finished.get(key, [])
             if len(fin) > 1:  # the policy refills at the step's last finish

@@ -236,6 +236,24 @@ def test_ghosts_appear_under_memory_pressure_and_leave():
     assert eng.memory().num_preemptions == 0  # evicted before vLLM-style preemption
 
 
+def test_the_run_does_not_depend_on_the_string_hash_seed():
+    """Questions share the engine's memory, so the order their events are applied in is
+    part of the result: it is the admission order, the same under every PYTHONHASHSEED
+    (it was a set's order: the same run gave 11 or 23 ghosts)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from tests.test_tournament import _run_long, _method\n"
+            "eng, res = _run_long(_method(), num_blocks=40, n_questions=4)\n"
+            "print([(r['tree_stats']['ghosts'], r['unique_tokens'], r['votes']) for r in res])")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, env=os.environ | {"PYTHONHASHSEED": str(seed)},
+                           cwd=os.path.dirname(os.path.dirname(__file__))).stdout
+            for seed in (1, 2, 3, 4)}
+    assert len(outs) == 1, outs
+
+
 def test_step_aborts_before_the_engine_preempts():
     from gambit_search.methods import get_method
 
