@@ -229,7 +229,7 @@ def _sample(cfg: HarvestConfig, engine, work: list[tuple[int, list]], chunk_done
     rec = _Recorder(engine, decode, work, chunk_done)
     drv = Driver(engine, get_method("sc").bind(n=cfg.n), prompt_ids=lambda q: prompt(q.question),
                  decode=decode, spec=spec, recorder=rec,
-                 config=DriverConfig(max_live=cfg.max_live + cfg.n, admit_on_live=True,
+                 config=DriverConfig(max_live=cfg.max_live, queue=cfg.n, admit_on_live=True,
                                      seed=cfg.seed, log_memory=False))
     try:
         for r in drv.run([q for _, qs in work for q in qs]):

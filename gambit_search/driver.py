@@ -35,7 +35,8 @@ after every step and acts before vLLM has to preempt:
   When fewer are free, or vLLM preempted anyway, the questions with the most running
   traces are asked to give up as many traces as cover the shortfall
   (``MemoryPressure(evict=n)``: Gambit makes ghosts, STEP aborts).
-- **Revive in batches.** While usage is below ``revive_below`` and nothing waits, the free
+- **Revive in batches.** While usage is below ``revive_below`` and nothing waits (beyond
+  the traces queued by choice, ``DriverConfig.queue``), the free
   KV is offered in one batch, sized in traces, to the questions that want it
   (``MemoryPressure(revive=n)``: their best ghosts first, then a question admitted below
   its capacity grows), the way vLLM resumes preempted requests when blocks free up.
@@ -212,8 +213,9 @@ class Driver(MemoryMixin):
                     break
                 continue
             t0 = time.perf_counter()
+            limit = self.cfg.max_live + self.cfg.queue
             while pending and (not active or self._in_use() + bound_of(pending[0], self.bound).slots
-                               <= self.cfg.max_live) and (not active or self._kv_admits(pending[0])):
+                               <= limit) and (not active or self._kv_admits(pending[0])):
                 q = pending.popleft()
                 st = self._admit(q)
                 if st is None:

@@ -2,7 +2,7 @@
 :mod:`gambit_search.driver`; gambit-solve, gambit-serve and gambit-harvest build one).
 
     from gambit_search.driver_config import DriverConfig
-    DriverConfig(max_live=256, admit_on_live=True)
+    DriverConfig(max_live=256, admit_on_live=True, queue=32)
 """
 
 from __future__ import annotations
@@ -24,12 +24,19 @@ class DriverConfig:
     the admitted questions' slots: a question near its end then gives its finished traces'
     places to the next question at once (the harvest's setting: its SC questions' last
     traces no longer leave the engine half empty)."""
+    queue: int = 0
+    """Traces admitted beyond ``max_live`` to wait in vLLM's queue (the engine still runs at
+    most ``max_live``, its ``max_num_seqs``): a trace that finishes or is pruned gives its
+    place to a waiting one in the engine's next step, without waiting for the driver to
+    learn of it and admit the next question (the harvest queues one question's traces).
+    Waiting traces are not memory pressure: a ghost is revived while no more than these
+    wait."""
     seed: int = 0
     """Base seed of every trace (see :func:`trace_seed`)."""
     evict_above: float = 0.97
     """KV usage at which a memory-using method is asked to evict a trace to a ghost."""
     revive_below: float = 0.75
-    """KV usage under which (with nothing waiting) a ghost may be revived."""
+    """KV usage under which (with nothing waiting beyond ``queue``) a ghost may be revived."""
     score_every: int = 1
     """Score waiting boundaries in one forward every N steps (also at once in any step where
     a trace finishes or memory is read). N > 1 means fewer, larger forwards (on 2 CPU cores a

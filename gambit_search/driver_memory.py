@@ -37,11 +37,22 @@ class MemoryMixin:
         except EngineError:  # an engine without stats (log_stats=False): nothing to read
             self._can_read_memory = False
             return None
-        self._snap, self._reserved = snap, 0
+        # traces waiting by choice (DriverConfig.queue) hold no KV yet but will: their blocks
+        # stay promised, or admission would hand the same free KV out twice
+        self._snap = snap
+        self._reserved = (min(snap.num_waiting, self.cfg.queue)
+                          * self._trace_blocks(max(1, self._mean_prompt())))
         if self._preempt0 is None:
             self._preempt0 = snap.num_preemptions
         self.preemptions = snap.num_preemptions - self._preempt0
         return snap
+
+    def _queued(self) -> int:
+        """Traces waiting in vLLM's queue by the driver's choice (``DriverConfig.queue``):
+        those on the engine beyond ``max_live``. More waiting than these means vLLM lacks the
+        memory to run them."""
+        on_engine = len(self._owner) - len(self._evicted)
+        return min(self.cfg.queue, max(0, on_engine - self.cfg.max_live))
 
     def _kv_admits(self, item: Any) -> bool:
         """Whether the free KV holds half the slots of one more question (memory methods)."""
@@ -86,7 +97,7 @@ class MemoryMixin:
                 acts = st.policy.handle(MemoryPressure(evict=n))
                 self._apply(st, acts)
                 evict -= sum(isinstance(a, Evict | Prune) for a in acts)
-        elif snap.kv_usage < self.cfg.revive_below and snap.num_waiting == 0:
+        elif snap.kv_usage < self.cfg.revive_below and snap.num_waiting <= self._queued():
             spare = int((self.cfg.revive_below - snap.kv_usage) * total) - self._reserved
             wanting = [(st, st.policy.wants()) for st in live if hasattr(st.policy, "wants")]
             wanting = [(st, w) for st, w in wanting if w > 0]

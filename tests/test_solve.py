@@ -106,6 +106,23 @@ def test_live_admission_fills_the_engine_and_leaves_sc_unchanged(tmp_path):
     assert SolveConfig().admit_on_live  # the setting the H200 tables measured
 
 
+def test_a_queue_keeps_the_engine_full_and_leaves_sc_unchanged(tmp_path, fake_scorer):
+    """--queue K admits K traces beyond max_live (vLLM's max_num_seqs) to wait in the
+    engine's queue: SC's traces are the same, its run takes fewer engine steps (a finished
+    trace's place is taken at once), and Gambit still votes on exactly n per question."""
+    kw = dict(method="sc", n=4, max_live=8, dataset="toy:val:8")
+    queued = solve(_cfg(tmp_path / "a", "none", queue=4, **kw), progress=False)
+    plain = solve(_cfg(tmp_path / "b", "none", **kw), progress=False)
+    keys = ("id", "answer", "answer_plain", "unique_tokens", "votes")
+    assert (sorted([{k: r[k] for k in keys} for r in queued["results"]], key=str)
+            == sorted([{k: r[k] for k in keys} for r in plain["results"]], key=str))
+    assert queued["timing"]["steps"] < plain["timing"]["steps"]
+    g = solve(_cfg(tmp_path / "c", fake_scorer, queue=6, max_live=6, dataset="toy:val:4"),
+              progress=False)
+    assert g["completions_per_question"] == 6
+    assert all(r["tree_stats"]["completions"] == 6 for r in g["results"])
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gambit_search.solve", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=120)

@@ -118,15 +118,18 @@ def drv_prompts(n_questions: int, seed: int) -> dict[str, tuple[int, ...]]:
 
 
 def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live: int,
-         score_every: int = 1):
+         score_every: int = 1, queue: int = 0):
+    """``queue`` > 0: the engine runs at most ``max_live`` and the driver queues that many
+    more in its waiting queue (gambit-solve's ``--queue``)."""
     eng = FakeEngine(FakeEngineConfig(num_blocks=num_blocks, block_size=4, seed=seed,
-                                      max_model_len=256, max_num_seqs=64))
+                                      max_model_len=256,
+                                      max_num_seqs=max_live if queue else 64))
     qs = [Q(f"q{i}", f"question {i} {seed}", "") for i in range(n_questions)]
     drv = Driver(eng, _method().bind(_gambit_params(params), params.n),
                  prompt_ids=_prompt,
                  decode=eng.decode, spec=SamplingSpec(temperature=1.0, max_tokens=params.max_tokens),
                  scorer=RandomScorer(seed), config=DriverConfig(max_live=max_live, seed=seed,
-                                                                release=False,
+                                                                release=False, queue=queue,
                                                                 score_every=score_every))
     return eng, drv, list(drv.run(qs))
 
@@ -147,11 +150,13 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
     n_questions=st.integers(1, 3),
     score_every=st.sampled_from([1, 3]),
     drain=st.booleans(),
+    queue=st.sampled_from([0, 0, 3]),
 )
 def test_invariants_hold_on_the_fake_engine(k, extra, more, interval, warmup, floor, branch,
                                             ghosts, revive, num_blocks, seed, n_questions,
-                                            score_every, drain):
-    """C = N and C < N (``more``), with and without a small KV pool, drain on and off: every
+                                            score_every, drain, queue):
+    """C = N and C < N (``more``), with and without a small KV pool, drain on and off, with
+    and without traces queued beyond the engine's limit: every
     question votes on exactly N completed traces unless it records the token cap, every
     refill comes with the event that opened room (``Checked``), ghosts leave, all ends."""
     cap = 2 * k + extra
@@ -159,7 +164,7 @@ def test_invariants_hold_on_the_fake_engine(k, extra, more, interval, warmup, fl
                     floor=floor, branch_point=branch, ghosts=ghosts, revive=revive, drain=drain,
                     child_temperature=0.8)
     eng, drv, results = _run(params, num_blocks, seed, n_questions, max_live=2 * cap,
-                             score_every=score_every)
+                             score_every=score_every, queue=queue)
     assert len(results) == n_questions  # every run terminates, every question is reported
     assert not eng.has_unfinished()
     infos = {t: eng.trace_info(t) for t in eng.trace_ids()}
@@ -209,21 +214,21 @@ def test_a_question_in_a_pool_of_a_few_traces_still_votes_on_n():
     assert len(started_at_0) < 16  # admission by KV share, not C
 
 
-def _run_long(method, num_blocks: int, n_questions: int = 2):
+def _run_long(method, num_blocks: int, n_questions: int = 2, queue: int = 0):
     """Traces of 1-14 thoughts: lengths vary more than the driver's size estimate, so a
-    small pool comes under pressure after admission."""
+    small pool comes under pressure after admission (``queue``: as in :func:`_run`)."""
     from gambit_search.fake_engine import thought_policy
 
     params = Params(n=12, capacity=8, swap=2, interval=2, warmup=4, floor=0.0, max_tokens=120)
     eng = FakeEngine(FakeEngineConfig(num_blocks=num_blocks, block_size=4, seed=1,
-                                      max_model_len=256, max_num_seqs=64,
+                                      max_model_len=256, max_num_seqs=16 if queue else 64,
                                       policy=thought_policy(num_thoughts=(1, 14))))
     qs = [Q(f"q{i}", f"question {i}", "") for i in range(n_questions)]
     bound = method.bind(_gambit_params(params) if method.params is GambitParams else None,
                         params.n)
     drv = Driver(eng, bound, prompt_ids=_prompt, decode=eng.decode,
                  spec=SamplingSpec(temperature=1.0, max_tokens=params.max_tokens),
-                 scorer=RandomScorer(1), config=DriverConfig(max_live=16, seed=1))
+                 scorer=RandomScorer(1), config=DriverConfig(max_live=16, seed=1, queue=queue))
     return eng, list(drv.run(qs))
 
 
@@ -234,6 +239,54 @@ def test_ghosts_appear_under_memory_pressure_and_leave():
         assert r["tree_stats"]["end_reason"] == "budget" and r["tree_stats"]["completions"] == 12
         assert not [n for n in r["tree"] if n["state"] == "ghost"]
     assert eng.memory().num_preemptions == 0  # evicted before vLLM-style preemption
+
+
+def test_traces_queued_by_choice_are_not_memory_pressure():
+    """With ``queue`` = 2 and max_live = 4, two waiting requests are the driver's own: a ghost
+    may be revived (KV is low); a third waiting one means vLLM lacks memory: no revive.
+    Those two also keep their blocks promised, so the free KV is not handed out twice."""
+    from gambit_search.driver import _Q
+    from gambit_search.engine import MemorySnapshot
+    from gambit_search.fake_engine import thought_policy
+
+    eng = FakeEngine(FakeEngineConfig(num_blocks=400, block_size=4, seed=1, max_num_seqs=4,
+                                      policy=thought_policy(num_thoughts=(1, 14))))
+    params = Params(n=6, capacity=6, swap=2, interval=2, warmup=4, floor=0.0)
+    drv = Driver(eng, _method().bind(_gambit_params(params), params.n), prompt_ids=_prompt,
+                 decode=eng.decode, spec=SamplingSpec(temperature=1.0, max_tokens=60),
+                 scorer=RandomScorer(1), config=DriverConfig(max_live=4, queue=2, seed=1))
+    asked = []
+
+    class Wants:
+        done = False
+
+        def wants(self):
+            return 1
+
+        def running(self):
+            return [0]
+
+        def handle(self, event):
+            asked.append(event)
+            return []
+
+    st = _Q(Q("q", "x", ""), Wants(), [1] * 8, 0.0, bound=drv.bound)
+    drv._owner = {t: (st, t) for t in range(6)}  # 6 live traces: 4 running, 2 queued
+    assert drv._queued() == 2
+
+    def snap(waiting):
+        return MemorySnapshot(kv_usage=0.1, total_blocks=400, free_blocks=360, block_size=4,
+                              num_running=4, num_waiting=waiting, num_preemptions=0,
+                              prefix_cache_queries=0, prefix_cache_hits=0)
+
+    for waiting, revived in ((2, True), (3, False), (0, True)):
+        asked.clear()
+        eng.memory = lambda w=waiting: snap(w)
+        drv._memory({"q": st})
+        assert [isinstance(e, MemoryPressure) and e.revive > 0 for e in asked] == \
+            ([True] if revived else []), waiting
+        # no prompt admitted yet: a trace of the shortest prompt, max_tokens / 2
+        assert drv._reserved == min(waiting, 2) * drv._trace_blocks(1), waiting
 
 
 def test_the_run_does_not_depend_on_the_string_hash_seed():

