@@ -40,12 +40,33 @@ from gambit_search.trace_table import TraceRecord, TraceTable
 if TYPE_CHECKING:
     from gambit_search._vllm_internals.channel import RowMessage
 
-__all__ = ["HOLD_STEPS", "Delivery", "VTrace"]
+__all__ = ["HOLD_STEPS", "Delivery", "VTrace", "merge_deltas"]
 
 logger = logging.getLogger(__name__)
 
 HOLD_STEPS = 4
 """Steps a finishing delta may wait for its trace's last rows before a flush barrier."""
+
+
+def merge_deltas(deltas: list[Delta]) -> list[Delta]:
+    """One delta per trace, as the interface promises: a trace's deltas of several engine
+    steps taken in one :meth:`~gambit_search.engine.Engine.step` (catch-up) become one, at the
+    first one's place, with their tokens, text and log-probs in order, the first's
+    ``num_cached_tokens`` and the last's finish. Returns ``deltas`` itself when no trace
+    repeats."""
+    first: dict[int, int] = {}
+    merged: list[Delta] = []
+    for d in deltas:
+        k = first.get(d.trace)
+        if k is None:
+            first[d.trace] = len(merged)
+            merged.append(d)
+            continue
+        a = merged[k]
+        lps = None if a.logprobs is None or d.logprobs is None else a.logprobs + d.logprobs
+        merged[k] = Delta(d.trace, a.token_ids + d.token_ids, a.text + d.text, d.finish_reason,
+                          lps, a.num_cached_tokens, d.error)
+    return deltas if len(merged) == len(deltas) else merged
 
 
 @dataclass

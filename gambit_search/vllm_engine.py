@@ -87,7 +87,12 @@ from gambit_search.vllm_config import (  # the config and the path check: re-exp
     check_config,
     validate_model_path,
 )
-from gambit_search.vllm_delivery import HOLD_STEPS, Delivery, VTrace  # noqa: F401 - HOLD_STEPS: old home
+from gambit_search.vllm_delivery import (
+    HOLD_STEPS,  # noqa: F401 - its old home
+    Delivery,
+    VTrace,
+    merge_deltas,
+)
 from gambit_search.vllm_runtime import VLLMRuntime
 
 __all__ = ["NO_BOUNDARY_WARN_TOKENS", "VLLMEngine", "VLLMEngineConfig", "boundary_token_ids",
@@ -354,6 +359,7 @@ class VLLMEngine(Engine):
     def _step(self) -> StepOutput:
         self._check_open()
         out = StepOutput()
+        caught_up = False
         if self._errors:
             out.deltas.extend(self._errors)
             self._errors = []
@@ -383,6 +389,7 @@ class VLLMEngine(Engine):
                         self._on_output(ro, out)
                     self._steps += 1
                     self.timing["caught_up"] += 1
+                    caught_up = True
         if self.config.capture_hidden:
             self._poll_rows(out)
             if not self._live or self._delivery.overdue:
@@ -390,6 +397,8 @@ class VLLMEngine(Engine):
                 self._delivery.release(out, force=True)
             else:
                 self._delivery.release(out, force=False)
+        if caught_up:  # several engine steps: still one delta per trace
+            out.deltas = merge_deltas(out.deltas)
         return out
 
     def _on_output(self, ro: Any, out: StepOutput) -> None:

@@ -864,6 +864,36 @@ def test_256_concurrent_traces_complete_and_deltas_reassemble(engine, toy_tokeni
 
 
 @pytest.mark.slow
+def test_catch_up_after_a_pause_gives_one_delta_per_trace(engine, toy_tokenizer, monkeypatch):
+    """With ``catch_up`` a ``step`` after the driver was away takes every engine-core step
+    that piled up, and still hands out one delta per trace (their tokens in order): CI saw
+    several per trace before ``merge_deltas``, when the machine was slow."""
+    import time
+
+    monkeypatch.setattr(engine, "catch_up", True)
+    spec = SamplingSpec(temperature=1.0, top_p=1.0, top_k=0, max_tokens=48)
+    ids = [engine.add_trace(p, spec, seed=7 + k)
+           for k, p in enumerate(toy_prompts(toy_tokenizer, 8))]
+    tokens: dict[int, list[int]] = {}
+    last_pos: dict[int, int] = {}
+    before, multi = engine.timing["caught_up"], 0
+    while engine.has_unfinished():
+        time.sleep(0.3)  # the engine core steps on meanwhile
+        out = engine.step()
+        per = [d.trace for d in out.deltas]
+        assert len(per) == len(set(per)), "at most one delta per trace per step"
+        multi += sum(len(d.token_ids) > 1 for d in out.deltas)
+        for d in out.deltas:
+            tokens.setdefault(d.trace, []).extend(d.token_ids)
+        for ev in out.boundaries:
+            assert ev.position > last_pos.get(ev.trace, -1)
+            last_pos[ev.trace] = ev.position
+    assert engine.timing["caught_up"] > before and multi > 0, "the pause let steps pile up"
+    for t in ids:
+        assert tokens[t] == list(engine.trace_info(t).output_ids)
+
+
+@pytest.mark.slow
 def test_overlong_prompt_fails_only_that_trace_and_logprobs(engine, toy_tokenizer,
                                                            toy_hf_model):
     good = engine.add_trace(toy_prompts(toy_tokenizer, 1)[0],
