@@ -14,11 +14,13 @@ prompt, every trace an error) is recorded and the others go on.
         ...
 
 Scoring and pipelining. An engine that scores boundaries itself
-(``engine.scores_boundaries``: vLLM with ``VLLMEngineConfig.scorer``, gambit-solve's default)
+(``engine.scores_boundaries``: vLLM with ``VLLMEngineConfig.scorer``, gambit-solve's
+``--score-in-engine``, off by default)
 hands over events that carry their trace's score, computed in the worker on the model's
 device; the driver then runs no scorer and only scores cross processes. vLLM's engine core
-steps in its own process while the driver scores and decides; with ``catch_up`` (off by
-default) the adapter's ``step`` takes every output already waiting, so the driver works on
+steps in its own process while the driver scores and decides; with ``catch_up`` (gambit-solve's
+``--catch-up``) the adapter's ``step`` takes every output already waiting (merged into one
+delta per trace), so the driver works on
 the newest state and its decisions lag the engine by at most one of its own steps: harmless
 for a tournament that acts every D >= 8 boundaries.
 

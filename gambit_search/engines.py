@@ -71,6 +71,9 @@ class EngineKind(ABC):
     """Whether ``--model`` means anything to it (the fake engine scripts its own)."""
     scores_inside: bool = False
     """Whether it can score boundaries itself (``EngineSettings.scorer``)."""
+    catches_up: bool = False
+    """Whether its engines have a settable ``catch_up`` (take every output already waiting
+    in one step: :attr:`gambit_search.vllm_config.VLLMEngineConfig.catch_up`)."""
 
     def identity(self, model: str) -> dict[str, str]:
         """{"model_hash", "tokenizer_hash"} of ``model``: pins an output directory to it."""
@@ -99,6 +102,7 @@ class EngineKind(ABC):
 class VLLMKind(EngineKind):
     name = "vllm"
     scores_inside = True
+    catches_up = True
 
     def facts(self, model: str) -> ModelFacts:
         from gambit_search.vllm_engine import boundary_token_ids, validate_model_path

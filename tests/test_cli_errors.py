@@ -129,6 +129,7 @@ def _solve(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     (["--model", "/nonexistent/model", "q"], "does not exist"),
     (["--rule", "best", "q"], "--rule must be one of"),
     (["--queue", "-1", "q"], "--queue must be >= 0, got -1"),
+    (["--engine", "fake", "--catch-up", "q"], "--catch-up needs the vllm engine"),
     (["--rescore", "/nonexistent/run"], "no results.jsonl"),
     (["--engine", "tpu", "q"], "--engine must be one of fake, vllm"),
     (["--top-p", "0", "q"], "--top-p must be in (0, 1]"),

@@ -157,3 +157,25 @@ def test_gambit_scores_in_the_worker_or_in_the_driver(engine, decode, tmp_path, 
     for t in trees:  # the tournament saw scores either way
         nodes = t["nodes"] if isinstance(t, dict) else t
         assert any(n["scores"] for n in nodes)
+
+
+def test_catch_up_reaches_the_engine_for_the_run_and_leaves_sc_unchanged(engine, decode,
+                                                                          tmp_path, monkeypatch):
+    """--catch-up sets the engine's catch_up for the run only (one engine serves several
+    runs), and SC's traces do not depend on it (each trace's tokens follow its own seed)."""
+    from gambit_search.solve import make_config, solve
+
+    seen: list[bool] = []
+    step = engine.step
+    monkeypatch.setattr(engine, "step", lambda: (seen.append(engine.catch_up), step())[1])
+    keys = ("id", "answer", "answer_plain", "unique_tokens", "votes")
+    runs = {}
+    for on in (False, True):
+        seen.clear()
+        cfg = make_config(dataset="toy:test:3", method="sc", n=8, catch_up=on,
+                          out=str(tmp_path / str(on)))
+        s = solve(cfg, engine=engine, decode=decode, progress=False)
+        assert seen and set(seen) == {on}, "the run's steps see its setting"
+        assert engine.catch_up is False, "put back after the run"
+        runs[on] = sorted(({k: r[k] for k in keys} for r in s["results"]), key=str)
+    assert runs[True] == runs[False]

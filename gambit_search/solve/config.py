@@ -72,6 +72,12 @@ class SolveConfig(SamplingConfig):
     """Traces admitted beyond ``max_live`` to wait in vLLM's queue, so a finished or pruned
     trace's place is taken in the engine's next step, before the driver has read the step
     (0: none). SC's traces do not depend on it; Gambit's rounds fall on other steps."""
+    catch_up: bool = False
+    """Let each engine step also take every output vLLM's engine core made while the driver
+    was busy (the vLLM engine only): the driver's decisions lag the engine by at most one of
+    its steps, however slow the driver. Off by default until measured on a GPU
+    (docs/BENCHMARKS.md). SC's traces do not depend on it; Gambit's rounds fall on other
+    steps."""
     score_every: int = 1
     """Score waiting thought boundaries in one batched forward every N engine steps (and at
     once when a trace finishes): N > 1 trades score freshness for fewer scorer forwards."""
@@ -151,7 +157,9 @@ def check_config(cfg: SolveConfig, question: str | None) -> Any:
         raise InputError("the question is empty")
     if cfg.rule is not None and cfg.rule not in RULES:
         raise InputError(f"--rule must be one of {', '.join(RULES)}, got {cfg.rule!r}")
-    get_engine_kind(cfg.engine)
+    kind = get_engine_kind(cfg.engine)
+    if cfg.catch_up and not kind.catches_up:
+        raise InputError(f"--catch-up needs the vllm engine, not {cfg.engine!r}")
     if cfg.max_live < 1:
         raise InputError(f"--max-live must be >= 1, got {cfg.max_live}")
     if cfg.queue < 0:

@@ -181,7 +181,16 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
                         config=DriverConfig(max_live=cfg.max_live, seed=cfg.seed,
                                             admit_on_live=cfg.admit_on_live, queue=cfg.queue,
                                             score_every=cfg.score_every, vote_rule=cfg.rule))
-        rows = _drive(prep, driver, out, progress)
+        # per run, and put back: one engine serves several runs (solve_bench's grids)
+        catches_up = get_engine_kind(cfg.engine).catches_up
+        before = engine.catch_up if catches_up else None
+        try:
+            if catches_up:
+                engine.catch_up = cfg.catch_up
+            rows = _drive(prep, driver, out, progress)
+        finally:
+            if catches_up:
+                engine.catch_up = before
     wall = time.perf_counter() - t0
     all_rows = read_results(out) if out is not None else rows
     summary = summarize(all_rows, _config_dict(prep), _run_extra(driver, rows, wall))
