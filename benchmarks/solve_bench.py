@@ -5,6 +5,9 @@
     # a parameter sweep on the val split (Gambit only, each setting once)
     .venv/bin/python benchmarks/solve_bench.py --dataset toy:val:100 --n 32 --methods gambit \\
         --grid swap=2,4,8 interval=4,8,16 --out runs/sweep.json
+    # a driver setting for both methods (each Gambit run's ratio is against SC at its setting)
+    .venv/bin/python benchmarks/solve_bench.py --dataset toy:val:64 --n 32 --repeats 2 \\
+        --grid queue=0,32 --grid-methods sc,gambit --out runs/queue.json
     # the accuracy table (test split, touched once, with the settings chosen on val)
     .venv/bin/python benchmarks/solve_bench.py --dataset toy:test:200 --n 32 --repeats 1 --out runs/test32.json
 
@@ -98,6 +101,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--grid", nargs="*", default=[],
                    help="gambit settings to sweep, gambit-solve's flat names: key=v1,v2")
+    p.add_argument("--grid-methods", default="gambit",
+                   help="the methods --grid applies to (the rest run each repeat once, as set)")
     p.add_argument("--set", nargs="*", default=[],
                    help="fixed settings, gambit-solve's flat names: key=value")
     p.add_argument("--kv-cache", type=float, default=1.0)
@@ -112,11 +117,12 @@ def main() -> None:
 
     flat = {"dataset": a.dataset, "n": a.n, "kv_cache": a.kv_cache, "max_live": a.max_live,
             "seed": a.seed, "engine": a.engine} | {k: v for d in _grid(a.set) for k, v in d.items()}
+    swept = set(a.grid_methods.split(","))
     with input_errors(p.prog):  # an unknown --set/--grid name fails before the engine starts
         base = make_config(**flat)
         jobs_of = {(m, tuple(st.items())): make_config(**(flat | st | {"method": m}))
                    for m in a.methods.split(",")
-                   for st in ((_grid(a.grid) or [{}]) if m == "gambit" else [{}])}
+                   for st in ((_grid(a.grid) or [{}]) if m in swept else [{}])}
     settings = _grid(a.grid) or [{}]
     methods = a.methods.split(",")
     out = Path(a.out)
@@ -131,7 +137,7 @@ def main() -> None:
         for rep in range(a.repeats):
             jobs = []
             for m in methods:
-                for st in (settings if m == "gambit" else [{}]):
+                for st in (settings if m in swept else [{}]):
                     label = m + "".join(f" {k}={v}" for k, v in st.items())
                     jobs.append((label, jobs_of[(m, tuple(st.items()))]))
             if rep % 2:
@@ -150,11 +156,13 @@ def main() -> None:
                 out.write_text(json.dumps({"args": vars(a), "runs": rows}, indent=1))
     finally:
         engine.close()
-    # ratios of the same repeat
+    # ratios of the same repeat, against SC at the same setting where SC was swept too
     ratios = []
     for rep in range(a.repeats):
-        sc = [r for r in rows if r["repeat"] == rep and r["method"] == "sc"]
         for g in (r for r in rows if r["repeat"] == rep and r["method"] == "gambit"):
+            same = "sc" + g["label"][len("gambit"):]
+            sc = ([r for r in rows if r["repeat"] == rep and r["label"] == same]
+                  or [r for r in rows if r["repeat"] == rep and r["label"] == "sc"])
             if sc:
                 ratios.append({"label": g["label"], "repeat": rep,
                                "throughput_ratio": g["tokens_per_s"] / sc[0]["tokens_per_s"],
