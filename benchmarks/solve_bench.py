@@ -48,7 +48,10 @@ def _num(x: str):
 
 
 def _row(s: dict, label: str, repeat: int) -> dict:
+    from gambit_search.bench_tables import run_metrics
+
     tm = s["timing"]
+    m = run_metrics(s, s.get("results") or [])
     return {
         "label": label, "method": s["config"]["method"], "repeat": repeat,
         "questions": s["questions_this_run"], "accuracy": s["accuracy"],
@@ -56,6 +59,9 @@ def _row(s: dict, label: str, repeat: int) -> dict:
         "accuracy_top1": s["accuracy_top1"], "unique_tokens": s["unique_tokens_this_run"],
         "tokens_per_s": s["tokens_per_s"], "completions_per_s": s["completions_per_s"],
         "wall_s": s["wall_s"], "search_overhead_pct": tm["search_overhead_pct"],
+        # mean question latency, and against its no-queue ideal (its longest lineage's
+        # decode steps at the run's mean step time: gambit-bench's definition)
+        "latency_s": m["latency_s"], "latency_vs_ideal": m["latency_vs_ideal"],
         "timing": tm, "prefix_cache": s["prefix_cache"],
         "params": {k: s["config"].get(k) for k in ("n", "capacity", "swap", "interval", "warmup",
                                                    "floor", "branch_point", "child_temperature",
@@ -152,7 +158,8 @@ def main() -> None:
                       f"p {r['accuracy_plain']:.3f} t1 {r['accuracy_top1']:.3f}) "
                       f"{r['unique_tokens'] / max(1, r['questions']):.0f} tok/q "
                       f"{r['tokens_per_s']:.0f} tok/s overhead {r['search_overhead_pct']:.1f}% "
-                      f"wall {r['wall_s']:.1f}s running {r.get('mean_running')}", flush=True)
+                      f"wall {r['wall_s']:.1f}s latency/ideal {r['latency_vs_ideal'] or 0:.2f} "
+                      f"running {r.get('mean_running')}", flush=True)
                 out.write_text(json.dumps({"args": vars(a), "runs": rows}, indent=1))
     finally:
         engine.close()
