@@ -199,6 +199,24 @@ def test_a_request_not_admitted_in_time_is_rejected(server):
     assert svc.stats.rejected == 1
 
 
+def test_requests_are_admitted_on_live_traces_by_default(server):
+    """As in gambit-solve: the next request starts once the live traces leave room for its
+    slots, not once the running requests' slots do, so the same searches take fewer engine
+    steps (the fake engine's SC traces are the same either way: seeded per trace)."""
+    steps, answers = {}, {}
+    for live in (True, False):
+        _, state = server(max_live=6, max_tokens=120, admit_on_live=live)
+        svc = state.services[0]
+        futs = [svc.submit(_job(state, f"q{i}", n=4)) for i in range(4)]
+        res = [f.result(timeout=60) for f in futs]
+        assert all(r["error"] is None for r in res)
+        steps[live] = svc._driver.timing["steps"]
+        answers[live] = [(r["answer"], r["unique_tokens"]) for r in res]
+    assert answers[True] == answers[False]
+    assert steps[True] < steps[False]
+    assert ServeConfig().admit_on_live
+
+
 def test_the_router_keeps_a_search_on_one_rank_and_picks_the_least_loaded(server):
     """Data parallelism on the fake engine: each request goes to the rank with the fewest
     promised slots, and every trace of its search runs on that rank's engine."""

@@ -60,6 +60,10 @@ class ServeConfig(SamplingConfig):
     """Most live traces per rank (vLLM's max_num_seqs)."""
     admit_timeout: float = 60.0
     """Seconds a request may wait for room on the engine before a 503."""
+    admit_on_live: bool = True
+    """Admit a request while the traces live in the engine, plus its slots, fit
+    ``max_live`` (False: while the admitted requests' slots fit), as gambit-solve does: a
+    search near its end gives its finished traces' places to the next request at once."""
     data_parallel_size: int = 1
     """Ranks, each with its own engine; a request's whole search runs on one (docs/SERVE.md).
     Above 1 only on the fake engine in this build."""
@@ -114,7 +118,8 @@ def build_state(cfg: ServeConfig) -> tuple[Any, list[Any]]:
         svc = SearchService(eng, kind.decoder(eng), lambda q, p=prompt: p(q.question),
                             scorer=RuntimeScorer(scorer) if scorer else None,
                             max_live=cfg.max_live, seed=cfg.seed,
-                            admit_timeout_s=cfg.admit_timeout, rank=rank)
+                            admit_timeout_s=cfg.admit_timeout, rank=rank,
+                            admit_on_live=cfg.admit_on_live)
         services.append(svc)
     prompt = kind.prompt_ids(facts.tokenizer or getattr(engines[0], "tokenizer", None))
     defaults = {"method": cfg.method, "n": cfg.n, "rule": cfg.rule,

@@ -66,7 +66,8 @@ class SearchService:
     def __init__(self, engine: Any, decode: Callable[[Sequence[int]], str],
                  prompt_ids: Callable[[Any], list[int]], *, scorer: Any = None,
                  max_live: int = 256, seed: int = 0, admit_timeout_s: float = 60.0,
-                 progress_every_s: float = 0.5, rank: int = 0) -> None:
+                 progress_every_s: float = 0.5, rank: int = 0,
+                 admit_on_live: bool = True) -> None:
         from gambit_search.engine import SamplingSpec
         from gambit_search.methods import get_method
 
@@ -80,6 +81,7 @@ class SearchService:
         self._driver = Driver(engine, get_method("sc").bind(n=1), prompt_ids=prompt_ids,
                               decode=decode, spec=SamplingSpec(), scorer=scorer,
                               config=DriverConfig(max_live=max_live, seed=seed,
+                                                  admit_on_live=admit_on_live,
                                                   keep_texts=True))
         self._driver.on_step = self._on_step
         self._thread: threading.Thread | None = None
