@@ -177,5 +177,6 @@ def test_catch_up_reaches_the_engine_for_the_run_and_leaves_sc_unchanged(engine,
         s = solve(cfg, engine=engine, decode=decode, progress=False)
         assert seen and set(seen) == {on}, "the run's steps see its setting"
         assert engine.catch_up is False, "put back after the run"
+        assert s["timing"]["caught_up"] >= 0 and (on or s["timing"]["caught_up"] == 0)
         runs[on] = sorted(({k: r[k] for k in keys} for r in s["results"]), key=str)
     assert runs[True] == runs[False]

@@ -184,6 +184,7 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
         # per run, and put back: one engine serves several runs (solve_bench's grids)
         catches_up = get_engine_kind(cfg.engine).catches_up
         before = engine.catch_up if catches_up else None
+        caught0 = engine.timing["caught_up"] if catches_up else 0
         try:
             if catches_up:
                 engine.catch_up = cfg.catch_up
@@ -193,7 +194,11 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
                 engine.catch_up = before
     wall = time.perf_counter() - t0
     all_rows = read_results(out) if out is not None else rows
-    summary = summarize(all_rows, _config_dict(prep), _run_extra(driver, rows, wall))
+    extra = _run_extra(driver, rows, wall)
+    if driver is not None and get_engine_kind(cfg.engine).catches_up:
+        # engine-core outputs taken beyond one per driver step (0: the driver kept up)
+        extra["timing"]["caught_up"] = engine.timing["caught_up"] - caught0
+    summary = summarize(all_rows, _config_dict(prep), extra)
     if out is not None:
         import json
 
