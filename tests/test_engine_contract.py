@@ -572,10 +572,27 @@ def test_a_too_long_prompt_fails_only_its_own_trace(case):
 # =========================================================================== held deltas
 
 
-def _drive_to_the_last_token(case, op: str):
+def _drive_to_the_last_token(case, op: str, attempts: int = 3):
     """Targets with a budget of m tokens; act on each with ``op`` once it has read RUNNING
     with m-1 delivered tokens for ``k`` completed steps (target k; k >= 1 can only happen
-    while an engine holds the finishing delta back). A keeper trace keeps the engine busy."""
+    while an engine holds the finishing delta back). A keeper trace keeps the engine busy.
+
+    On vLLM a hold is reached only when the finishing output comes before its trace's last
+    rows: when the driver lags the engine core (a loaded machine), the flush that releases
+    one target's overdue hold can bring the next target's last rows in early, and none is
+    held. Such a drive is repeated with fresh traces, ``attempts`` times at most (an engine
+    that never holds still fails)."""
+    for _attempt in range(attempts):
+        rec, m, acted = _drive_once(case, op)
+        if case.kind != "vllm" or any(a["held"] for a in acted.values()):
+            break
+    if case.kind == "vllm":
+        assert any(a["held"] for a in acted.values()), "no held finishing delta was reached"
+    return rec, m, acted
+
+
+def _drive_once(case, op: str):
+    """One drive of :func:`_drive_to_the_last_token`."""
     eng = case.eng
     rec = Recorder(eng)
     keeper = rec.add(case.prompt(0), spec(max_tokens=90, ignore_eos=True), seed=1)
@@ -606,8 +623,6 @@ def _drive_to_the_last_token(case, op: str):
         eng.catch_up = catch_up
     assert eng.trace_info(keeper).finish_reason == "length"
     assert acted, "no target was caught at its last token"
-    if case.kind == "vllm":
-        assert any(a["held"] for a in acted.values()), "no held finishing delta was reached"
     return rec, m, acted
 
 
