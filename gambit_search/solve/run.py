@@ -10,10 +10,11 @@ the output directory), so bad input fails in a second, before the engine's ~30-6
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -174,31 +175,19 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
     if prep.todo:
         spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                             max_tokens=cfg.max_tokens, logprobs=bound.method.logprobs)
-        prompt = get_engine_kind(cfg.engine).prompt_ids(prep.tokenizer or
-                                                        getattr(engine, "tokenizer", None))
+        kind = get_engine_kind(cfg.engine)
+        prompt = kind.prompt_ids(prep.tokenizer or getattr(engine, "tokenizer", None))
         driver = Driver(engine, bound, prompt_ids=lambda q: prompt(q.question), decode=decode,
                         spec=spec, scorer=driver_scorer(prep, engine),
                         config=DriverConfig(max_live=cfg.max_live, seed=cfg.seed,
                                             admit_on_live=cfg.admit_on_live, queue=cfg.queue,
                                             score_every=cfg.score_every, vote_rule=cfg.rule))
-        # per run, and put back: one engine serves several runs (solve_bench's grids)
-        catches_up = get_engine_kind(cfg.engine).catches_up
-        before = engine.catch_up if catches_up else None
-        caught0 = engine.timing["caught_up"] if catches_up else 0
-        try:
-            if catches_up:
-                engine.catch_up = cfg.catch_up
+        with (_catching_up(engine, cfg.catch_up, driver.timing) if kind.catches_up
+              else contextlib.nullcontext()):
             rows = _drive(prep, driver, out, progress)
-        finally:
-            if catches_up:
-                engine.catch_up = before
     wall = time.perf_counter() - t0
     all_rows = read_results(out) if out is not None else rows
-    extra = _run_extra(driver, rows, wall)
-    if driver is not None and get_engine_kind(cfg.engine).catches_up:
-        # engine-core outputs taken beyond one per driver step (0: the driver kept up)
-        extra["timing"]["caught_up"] = engine.timing["caught_up"] - caught0
-    summary = summarize(all_rows, _config_dict(prep), extra)
+    summary = summarize(all_rows, _config_dict(prep), _run_extra(driver, rows, wall))
     if out is not None:
         import json
 
@@ -241,6 +230,20 @@ def _drive(prep: Prepared, driver: Any, out: Path | None, progress: bool) -> lis
         if bar is not None:
             bar.close()
     return rows
+
+
+@contextlib.contextmanager
+def _catching_up(engine: Any, on: bool, timing: dict) -> Iterator[None]:
+    """``engine.catch_up`` set to ``on`` for one run and put back after it (one engine serves
+    several runs: solve_bench's grids); ``timing["caught_up"]``: the engine-core outputs it
+    took beyond one per driver step (0: the driver kept up)."""
+    before, caught0 = engine.catch_up, engine.timing["caught_up"]
+    engine.catch_up = on
+    try:
+        yield
+    finally:
+        engine.catch_up = before
+        timing["caught_up"] = engine.timing["caught_up"] - caught0
 
 
 def _run_extra(driver: Any, rows: list[dict], wall: float) -> dict:
