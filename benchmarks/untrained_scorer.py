@@ -15,33 +15,40 @@ import argparse
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+DEFAULT_LIKE = REPO / "checkpoints" / "toy-scorer-seq" / "ckpt.pt"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="policy model directory")
-    p.add_argument("--out", required=True, help="checkpoint path to write")
-    p.add_argument("--like", default=str(REPO / "checkpoints" / "toy-scorer-seq" / "ckpt.pt"),
-                   help="checkpoint whose architecture to copy")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args()
-
+def make_untrained_scorer(model: str, out: str, like: str = str(DEFAULT_LIKE),
+                          seed: int = 0) -> str:
+    """Write an untrained scorer for ``model`` to ``out`` (the architecture of ``like``, the
+    input widened to the model's hidden size); returns a one-line description."""
     import torch
 
     from gambit_scorer.checkpoint import save_checkpoint
     from gambit_scorer.kinds import build_model
     from gambit_search.engines import get_engine_kind
 
-    facts = get_engine_kind("vllm").facts(a.model)
-    like = torch.load(a.like, map_location="cpu", weights_only=False)
-    cfg = {k: v for k, v in like["model_config"].items() if k not in ("type", "input_dim", "input_size")}
-    torch.manual_seed(a.seed)
-    model = build_model(like["gambit"]["arch"], facts.hidden_size, **cfg)
-    save_checkpoint(a.out, model, features=["hidden"], hidden_size=facts.hidden_size,
-                    policy_model=a.model, boundary_token_ids=facts.boundary_ids,
+    facts = get_engine_kind("vllm").facts(model)
+    ref = torch.load(like, map_location="cpu", weights_only=False)
+    cfg = {k: v for k, v in ref["model_config"].items() if k not in ("type", "input_dim", "input_size")}
+    torch.manual_seed(seed)
+    net = build_model(ref["gambit"]["arch"], facts.hidden_size, **cfg)
+    save_checkpoint(out, net, features=["hidden"], hidden_size=facts.hidden_size,
+                    policy_model=model, boundary_token_ids=facts.boundary_ids,
                     extra={"untrained": True})
-    print(f"{a.out}: untrained {like['gambit']['arch']} scorer, hidden {facts.hidden_size}, "
-          f"boundaries {facts.boundary_ids}")
+    return (f"{out}: untrained {ref['gambit']['arch']} scorer, hidden {facts.hidden_size}, "
+            f"boundaries {facts.boundary_ids}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="policy model directory")
+    p.add_argument("--out", required=True, help="checkpoint path to write")
+    p.add_argument("--like", default=str(DEFAULT_LIKE),
+                   help="checkpoint whose architecture to copy")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    print(make_untrained_scorer(a.model, a.out, a.like, a.seed))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@
 #                                             # and one more harvest under cProfile)
 #   bash scripts/gpu_run.sh bench-solve       # gambit-solve's loop vs SC
 #   bash scripts/gpu_run.sh bench-solve-smol  # the same on SmolLM2 (bundle smol), 256 live traces
+#   bash scripts/gpu_run.sh bench-scale 4b --max-tokens 1024   # dummy-weight 4B shape, 256 traces
+#                                             # (bundle smol: its tokenizer; scale_bench.py)
 #   bash scripts/gpu_run.sh bench-serve 2     # gambit-serve under load (after `serve-wheels`
 #                                             # here and `unpack-serve` there)
 #   bash scripts/gpu_run.sh bench-tables 540 toy=benchmarks/toy_table.yaml:0.04 ...
@@ -152,6 +154,12 @@ EOF
     $PY benchmarks/solve_bench.py --dataset $VC/smol/aime_2025.jsonl --n 64 --repeats "${2:-1}" \
       --kv-cache 8 --set model=/tmp/smol scorer=/tmp/smol-scorer.pt max_questions=8 max_tokens=1024 "${@:3}" \
       --out "$OUT/solve_bench_smol.json" 2>&1 | tee "$OUT/solve_bench_smol.txt" | grep -v "INFO\|WARNING" | tail -30 ;;
+  bench-scale)  # bench-scale SHAPE [scale_bench args]: SC vs Gambit and the adapter vs plain
+    gpu_env      # generate on a dummy-weight model of SHAPE (4b, 1.5b) with SmolLM2's tokenizer
+    smol_model
+    S=${2:-4b}
+    $PY benchmarks/scale_bench.py --shape "$S" --tokenizer /tmp/smol --out "$OUT/scale_$S.json" \
+      "${@:3}" 2>&1 | tee "$OUT/scale_$S.txt" | grep -v "INFO\|WARNING" | tail -40 ;;
   bench-solve)
     gpu_env
     $PY benchmarks/solve_bench.py --dataset toy:val:64 --n 32 --repeats "${2:-2}" "${@:3}" \

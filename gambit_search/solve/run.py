@@ -161,9 +161,12 @@ def _defaults(bound: Any) -> dict:
     return d | flat_params(bound.method, bound.method.params())
 
 
-def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True) -> dict:
+def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True,
+                 sampling: dict[str, Any] | None = None) -> dict:
     """Solve a prepared run on a started engine (left open); returns the summary, with
-    ``results``: this run's rows."""
+    ``results``: this run's rows. ``sampling``: :class:`~gambit_search.engine.SamplingSpec`
+    fields over the run's own (benchmarks: ``{"ignore_eos": True}`` for fixed-length
+    traces); not part of the run's fingerprint."""
     from gambit_search.driver import Driver, DriverConfig
     from gambit_search.engine import SamplingSpec
     from gambit_search.engines import get_engine_kind
@@ -175,6 +178,8 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
     if prep.todo:
         spec = SamplingSpec(temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                             max_tokens=cfg.max_tokens, logprobs=bound.method.logprobs)
+        if sampling:
+            spec = replace(spec, **sampling)
         kind = get_engine_kind(cfg.engine)
         prompt = kind.prompt_ids(prep.tokenizer or getattr(engine, "tokenizer", None))
         driver = Driver(engine, bound, prompt_ids=lambda q: prompt(q.question), decode=decode,
