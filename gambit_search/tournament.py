@@ -40,7 +40,20 @@ Semantics (docs/SEARCH.md and docs/REFERENCE.md, "Gambit"); where ours differs i
   samples where no parent is eligible yet (the reference would wait).
 - **Branch point**: ``"boundary"`` (default) forks at the parent's last scored boundary, so
   the child's prefix is exactly the one its inherited score history describes;
-  ``"current"`` (the reference) forks at the parent's current tokens.
+  ``"current"`` (the reference) forks at the parent's current tokens. Two backtrack:
+  ``"best"`` forks at the parent's best-scored boundary so far, ``"drop"`` at the last
+  boundary before its score last fell (its last boundary while the score never fell).
+  Both choose among the boundaries the parent can be cut at: its own, and the inherited one
+  it was forked at (a cut there is ``at=0``, the parent's own prompt). Each node keeps its
+  best and its last pre-drop boundary as two numbers, updated on every :class:`Scored`
+  (O(1) per boundary and per fork; the score history itself is the book's).
+- **Rounds in thoughts** (``interval_unit="thoughts"``): a round after the question's
+  running traces have scored ``interval`` boundaries each on average (scored boundaries
+  since the last round >= ``interval`` x running traces), so a round is a fixed share of a
+  trace whatever its thought length; ``"steps"`` (default, the reference) counts decode
+  steps.
+- **Diversity** (``max_children``): a parent with that many children (ever) is no longer
+  eligible, so the forks of a round spread over more parents (0: no cap, the reference).
 - **Temperature**: a root samples at the base temperature T, every child at T x
   ``child_temperature`` whatever its depth (the reference; multiplying the parent's own
   temperature would compound to T x m^depth).
@@ -81,9 +94,13 @@ from gambit_search.policy import (
     Spawn,
 )
 
-__all__ = ["BRANCH_POINTS", "Tournament", "TournamentConfig", "TournamentConfigError"]
+__all__ = ["BRANCH_POINTS", "INTERVAL_UNITS", "Tournament", "TournamentConfig",
+           "TournamentConfigError"]
 
-BRANCH_POINTS = ("boundary", "current")
+BRANCH_POINTS = ("boundary", "current", "best", "drop")
+"""Where a child branches off its parent (:attr:`TournamentConfig.branch_point`)."""
+INTERVAL_UNITS = ("steps", "thoughts")
+"""What :attr:`TournamentConfig.interval` counts."""
 
 
 class TournamentConfigError(InputError):
@@ -116,7 +133,13 @@ class TournamentConfig:
     none of the question's traces runs)."""
     branch_point: str = "boundary"
     """"boundary": fork at the parent's last scored boundary; "current": at its current
-    tokens (the reference)."""
+    tokens (the reference); "best": at its best-scored boundary so far; "drop": at the last
+    boundary before its score last fell."""
+    interval_unit: str = "steps"
+    """What ``interval`` counts: "steps" (decode steps of the question, the reference) or
+    "thoughts" (scored boundaries per running trace)."""
+    max_children: int = 0
+    """Diversity cap: a parent with this many children is no longer eligible (0: none)."""
     max_unique_tokens: int | None = None
     """Safety stop: end the question after this many unique tokens (None: no cap)."""
     parents: str = "top"
@@ -148,6 +171,12 @@ class TournamentConfig:
         if self.branch_point not in BRANCH_POINTS:
             raise TournamentConfigError(
                 f"branch_point must be one of {BRANCH_POINTS}, got {self.branch_point!r}")
+        if self.interval_unit not in INTERVAL_UNITS:
+            raise TournamentConfigError(
+                f"interval_unit must be one of {INTERVAL_UNITS}, got {self.interval_unit!r}")
+        if self.max_children < 0:
+            raise TournamentConfigError(
+                f"max_children must be >= 0 (0: no cap), got {self.max_children}")
         if self.parents not in ("top", "random"):
             raise TournamentConfigError(f"parents must be 'top' or 'random', got {self.parents!r}")
         if self.max_unique_tokens is not None and self.max_unique_tokens < 1:
@@ -190,6 +219,14 @@ class Tournament(NodeBook):
         """Eligible parents as a lazy max-heap of (-score, -id, version): a refill takes its
         best few in O(few log n) instead of sorting every running node (see :meth:`_offer`)."""
         self._version: dict[int, int] = {}
+        self._children: dict[int, int] = {}
+        """Children forked from each node (for ``max_children``)."""
+        self._scored_since_round = 0
+        """Scored boundaries of active nodes since the last round (``interval_unit="thoughts"``)."""
+        self._best: dict[int, tuple[int, float]] = {}
+        """Per node: (lineage output index, score) of its best cuttable boundary so far."""
+        self._before_drop: dict[int, int] = {}
+        """Per node: lineage output index of the boundary before its score last fell."""
 
     # -- life ----------------------------------------------------------------------------------
     def start(self, limit: int | None = None) -> list[Action]:
@@ -221,8 +258,12 @@ class Tournament(NodeBook):
                 self._on_progress(event)  # the last step's tokens still count
             return []
         if isinstance(event, Scored):
+            n = self.nodes[event.node]
+            k = len(n.scores)
             self._on_scored(event)
-            self._offer(self.nodes[event.node])
+            if len(n.scores) > k:  # recorded: an active node's new boundary
+                self._track(n)
+            self._offer(n)
             return []
         if isinstance(event, Finished):
             self._on_finished(event)
@@ -242,13 +283,47 @@ class Tournament(NodeBook):
                     and self.unique_tokens >= self.config.max_unique_tokens):
                 return self._stop("token_cap")
             acts: list[Action] = []
-            if self._since_round >= self.config.interval:
-                self._since_round = 0
+            if self._round_due():
+                self._since_round = self._scored_since_round = 0
                 acts = self.round()
             return acts + self._check_end() + self._keep_one_running()
         if isinstance(event, MemoryPressure):
             return self._on_memory(event) + self._keep_one_running()
         raise TypeError(f"unknown event {event!r}")
+
+    def _round_due(self) -> bool:
+        cfg = self.config
+        if cfg.interval_unit == "thoughts":
+            return self._scored_since_round >= cfg.interval * max(1, self.num_running)
+        return self._since_round >= cfg.interval
+
+    # -- fork points -----------------------------------------------------------------------------
+    def _track(self, n: Node) -> None:
+        """After ``n``'s newest score: its best and its pre-drop boundary (O(1))."""
+        self._scored_since_round += 1
+        i, s = n.scores[-1]
+        best = self._best.get(n.id)
+        if best is None or s >= best[1]:
+            self._best[n.id] = (i, s)
+        if len(n.scores) >= 2 and s < n.scores[-2][1] and n.scores[-2][0] >= n.inherited - 1:
+            self._before_drop[n.id] = n.scores[-2][0]
+
+    def _inherit_points(self, child: Node) -> None:
+        """A child cut right after an inherited boundary can be forked there (at 0)."""
+        if child.scores and child.scores[-1][0] == child.inherited - 1:
+            self._best[child.id] = child.scores[-1]
+
+    def _branch_at(self, p: Node) -> int | None:
+        """Own output tokens of ``p`` a child keeps (None: all, ``"current"``)."""
+        mode = self.config.branch_point
+        if mode == "current" or not p.scores:
+            return None
+        i = p.scores[-1][0]  # "boundary", and the fallback of the others
+        if mode == "best" and p.id in self._best:
+            i = self._best[p.id][0]
+        elif mode == "drop":
+            i = self._before_drop.get(p.id, i)
+        return min(max(0, i + 1 - p.inherited), p.generated)
 
     def _stop(self, reason: str) -> list[Action]:
         self.end_reason = reason
@@ -280,8 +355,10 @@ class Tournament(NodeBook):
 
     # -- eligible parents, indexed ---------------------------------------------------------------
     def _eligible(self, n: Node) -> bool:
+        cap = self.config.max_children
         return (n.state is NodeState.RUNNING and n.score is not None
-                and n.generated >= self.config.warmup)
+                and n.generated >= self.config.warmup
+                and not (cap and self._children.get(n.id, 0) >= cap))
 
     def _offer(self, n: Node) -> None:
         """(Re)file ``n`` among the eligible parents after a change that may have made it
@@ -319,8 +396,8 @@ class Tournament(NodeBook):
     def _parents(self, exclude: set[int]) -> list[Node]:
         """Eligible parents, best first (or shuffled with ``parents="random"``)."""
         cfg = self.config
-        parents = sorted((n for n in self.running() if n.score is not None
-                          and n.generated >= cfg.warmup and n.id not in exclude),
+        parents = sorted((n for n in self.running() if self._eligible(n)
+                          and n.id not in exclude),
                          key=_evict_key, reverse=True)
         if cfg.parents == "random":  # deterministic: a function of the round's state
             key = hash((self.rounds, len(self.nodes), tuple((p.id, p.score) for p in parents)))
@@ -328,11 +405,18 @@ class Tournament(NodeBook):
         return parents
 
     def _fill(self, slots: int, parents: list[Node]) -> tuple[list[Action], list[int]]:
+        """``slots`` forks from ``parents`` round-robin (a parent at its ``max_children``
+        drops out), fresh samples when none is left."""
         acts: list[Action] = []
         used: list[int] = []
-        for i in range(max(0, slots)):
+        parents = list(parents)
+        i = 0
+        for _ in range(max(0, slots)):
+            parents = [p for p in parents if self._eligible(p)] if self.config.max_children \
+                else parents
             if parents:
                 p = parents[i % len(parents)]
+                i += 1
                 acts.append(self._fork(p))
                 used.append(p.id)
             else:
@@ -404,11 +488,10 @@ class Tournament(NodeBook):
 
     def _fork(self, p: Node) -> Fork:
         cfg = self.config
-        at: int | None = None
-        if cfg.branch_point == "boundary" and p.scores:
-            at = max(0, p.scores[-1][0] + 1 - p.inherited)
-            at = min(at, p.generated)
+        at = self._branch_at(p)
         child = self._new_child(p, at)
+        self._children[p.id] = self._children.get(p.id, 0) + 1
+        self._inherit_points(child)
         # the engine multiplies the parent's temperature: a root's is T, a child's T x m
         mult = cfg.child_temperature if p.depth == 0 else 1.0
         return Fork(child.id, p.id, at, mult)

@@ -83,13 +83,16 @@ class Params:
     revive: bool = True
     max_tokens: int = 60
     drain: bool = True
+    interval_unit: str = "steps"
+    max_children: int = 0
 
 
 def _gambit_params(p: Params) -> GambitParams:
     return GambitParams(capacity=p.capacity, swap=p.swap, interval=p.interval, warmup=p.warmup,
                         floor=p.floor, child_temperature=p.child_temperature,
                         branch_point=p.branch_point, ghosts=p.ghosts, revive=p.revive,
-                        drain=p.drain)
+                        drain=p.drain, interval_unit=p.interval_unit,
+                        max_children=p.max_children)
 
 
 def _method() -> Method:
@@ -142,7 +145,9 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
     interval=st.integers(1, 6),
     warmup=st.integers(1, 20),
     floor=st.sampled_from([0.0, 0.1, 0.3]),
-    branch=st.sampled_from(["boundary", "current"]),
+    branch=st.sampled_from(["boundary", "current", "best", "drop"]),
+    unit=st.sampled_from(["steps", "steps", "thoughts"]),
+    max_children=st.sampled_from([0, 0, 1, 2]),
     ghosts=st.booleans(),
     revive=st.booleans(),
     num_blocks=st.sampled_from([24, 48, 4096]),
@@ -153,16 +158,17 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
     queue=st.sampled_from([0, 0, 3]),
 )
 def test_invariants_hold_on_the_fake_engine(k, extra, more, interval, warmup, floor, branch,
-                                            ghosts, revive, num_blocks, seed, n_questions,
-                                            score_every, drain, queue):
+                                            unit, max_children, ghosts, revive, num_blocks,
+                                            seed, n_questions, score_every, drain, queue):
     """C = N and C < N (``more``), with and without a small KV pool, drain on and off, with
-    and without traces queued beyond the engine's limit: every
+    and without traces queued beyond the engine's limit, every branch point, rounds in steps
+    or thoughts, with and without a cap on children: every
     question votes on exactly N completed traces unless it records the token cap, every
     refill comes with the event that opened room (``Checked``), ghosts leave, all ends."""
     cap = 2 * k + extra
     params = Params(n=cap + more, capacity=cap, swap=k, interval=interval, warmup=warmup,
                     floor=floor, branch_point=branch, ghosts=ghosts, revive=revive, drain=drain,
-                    child_temperature=0.8)
+                    child_temperature=0.8, interval_unit=unit, max_children=max_children)
     eng, drv, results = _run(params, num_blocks, seed, n_questions, max_live=2 * cap,
                              score_every=score_every, queue=queue)
     assert len(results) == n_questions  # every run terminates, every question is reported
@@ -427,7 +433,8 @@ def test_memory_pressure_keeps_one_trace_running():
 @pytest.mark.parametrize("kw, msg", [
     (dict(capacity=6, swap=4), "2K"), (dict(interval=0), "interval"), (dict(warmup=0), "warmup"),
     (dict(warmup=-3), "warmup"), (dict(swap=0), "swap"), (dict(branch_point="x"), "branch_point"),
-    (dict(parents="best"), "parents"),
+    (dict(parents="best"), "parents"), (dict(interval_unit="tokens"), "interval_unit"),
+    (dict(max_children=-1), "max_children"),
 ])
 def test_bad_parameters_are_one_line_errors(kw, msg):
     with pytest.raises(TournamentConfigError, match=msg) as e:
@@ -537,3 +544,78 @@ def test_a_child_samples_at_the_base_temperature_times_m_at_every_depth():
     acts = _tick(t, [child], 3)
     grand = [a for a in acts if isinstance(a, Fork) and a.parent == child]
     assert grand and grand[0].temperature_multiplier == 1.0  # (T x 0.5) x 1: not T x 0.25
+
+
+def _scored_pool(t: Tournament, history: dict[int, list[float]]) -> None:
+    """Give node n the scores ``history[n]`` at boundaries 0, 2, 4 ... of its output."""
+    for n, scores in history.items():
+        for j, s_ in enumerate(scores):
+            t.handle(Scored(n, 2 * j, s_))
+
+
+def test_branch_point_best_forks_at_the_best_scored_boundary():
+    t = _tour(capacity=4, swap=1, interval=100, branch_point="best")
+    t.start()
+    _scored_pool(t, {0: [0.5, 0.9, 0.6], 1: [0.1], 2: [0.2], 3: [0.3]})
+    _tick(t, range(4), 6)  # 6 tokens each: boundaries at 0, 2, 4 are delivered
+    (f,) = [a for a in t.round() if isinstance(a, Fork)]
+    assert f.parent == 0 and f.at == 3  # the best boundary (index 2, score 0.9), not index 4
+    child = t.nodes[f.node]
+    assert child.inherited == 3 and child.scores == [(0, 0.5), (2, 0.9)] and child.score == 0.9
+
+
+def test_branch_point_drop_forks_before_the_last_fall():
+    t = _tour(capacity=4, swap=1, interval=100, branch_point="drop")
+    t.start()
+    _scored_pool(t, {0: [0.5, 0.7, 0.6, 0.8, 0.75], 1: [0.1], 2: [0.2], 3: [0.3]})
+    _tick(t, range(4), 10)
+    (f,) = [a for a in t.round() if isinstance(a, Fork)]
+    assert f.parent == 0 and f.at == 7  # falls after index 2 and index 6: the last is at 6
+    t2 = _tour(capacity=4, swap=1, interval=100, branch_point="drop")
+    t2.start()
+    _scored_pool(t2, {0: [0.5, 0.7, 0.9], 1: [0.1], 2: [0.2], 3: [0.3]})
+    _tick(t2, range(4), 6)
+    (f2,) = [a for a in t2.round() if isinstance(a, Fork)]
+    assert f2.at == 5  # the score never fell: the last boundary, as "boundary"
+
+
+def test_a_child_can_be_cut_back_to_its_own_branch_point():
+    """The child's inherited branch-point boundary is a candidate (at 0): when every own
+    boundary scores lower, "best" forks the grandchild at the child's start."""
+    t = _tour(capacity=4, swap=1, interval=100, warmup=2, branch_point="best")
+    t.start()
+    _scored_pool(t, {0: [0.9], 1: [0.1], 2: [0.2], 3: [0.3]})
+    _tick(t, range(4), 2)
+    (f,) = [a for a in t.round() if isinstance(a, Fork)]
+    assert f.at == 1
+    c = f.node
+    for j, s_ in enumerate([0.8, 0.7]):  # the child's own boundaries score below 0.9
+        t.handle(Scored(c, 2 * j, s_))
+    _tick(t, [c], 4)
+    assert t._branch_at(t.nodes[c]) == 0
+
+
+def test_rounds_in_thoughts_come_every_d_boundaries_per_running_trace():
+    t = _tour(capacity=4, swap=1, interval=2, interval_unit="thoughts")
+    t.start()
+    for j in range(2):
+        for n in range(4):
+            t.handle(Scored(n, j, 0.5))
+            assert t.rounds == 0
+        _tick(t, range(4), 1)
+        assert t.rounds == (1 if j == 1 else 0)  # 8 boundaries = 2 x 4 running traces
+    _tick(t, range(4), 1)
+    assert t.rounds == 1  # tokens alone hold no round
+
+
+def test_max_children_spreads_forks_over_parents():
+    t = _tour(capacity=8, swap=1, interval=100, floor=0.5, max_children=1)
+    t.start()
+    for n in range(8):
+        t.handle(Scored(n, 1, 0.9 if n == 7 else (0.8 if n == 6 else 0.1)))
+    _tick(t, range(8), 2)
+    acts = t.round()  # the floor prunes 6 traces: 6 refills, one from each parent at most
+    parents = [a.parent for a in acts if isinstance(a, Fork)]
+    assert sorted(parents) == [6, 7]
+    assert sum(isinstance(a, Spawn) for a in acts) == 4
+    assert not t._eligible(t.nodes[7])

@@ -34,8 +34,16 @@ class GambitParams:
     child_temperature: float = 1.0
     """Children sample at the parent's temperature times this."""
     branch_point: str = "boundary"
-    """Where a child branches: "boundary" (the parent's last scored thought boundary) or
-    "current" (its current tokens, the reference)."""
+    """Where a child branches: "boundary" (the parent's last scored thought boundary),
+    "current" (its current tokens, the reference), "best" (its best-scored boundary so far)
+    or "drop" (the last boundary before its score last fell) [paper current]."""
+    interval_unit: str = "steps"
+    """What --interval counts: "steps" (decode steps of the question) or "thoughts" (scored
+    boundaries per running trace: a round every D thoughts of the average trace) [paper
+    steps]."""
+    max_children: int = 0
+    """Diversity cap: a trace that has had this many children is no longer a parent (0: no
+    cap) [paper 0]."""
     parents: str = "top"
     """Which eligible traces Gambit forks from: "top" (best scored) or "random" (ablation)."""
     drain: bool = True
@@ -60,7 +68,8 @@ def tournament_config(params: GambitParams, n: int, max_tokens: int | None = Non
         capacity=_capacity(params, n), swap=params.swap, interval=params.interval,
         warmup=params.warmup, floor=params.floor, child_temperature=params.child_temperature,
         budget=n, ghosts=params.ghosts, revive=params.revive, branch_point=params.branch_point,
-        parents=params.parents, drain=params.drain,
+        parents=params.parents, drain=params.drain, interval_unit=params.interval_unit,
+        max_children=params.max_children,
         max_unique_tokens=4 * n * max_tokens if max_tokens else None,
     )
 
