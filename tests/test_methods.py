@@ -605,3 +605,56 @@ def test_rescore_of_a_deepconf_run_uses_its_voters_and_confidences(tmp_path):
     for rule, a in want.items():
         got = rescore(str(out), rule)
         assert got["answers_changed"] == 1 and got["accuracy"] == float(a == "3"), rule
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+def test_the_paper_preset_names_only_real_settings_and_binds():
+    """Every field of a preset is a gambit-solve setting (a run field or a method parameter,
+    one rule for both), and the paper's settings are a valid Gambit configuration."""
+    import dataclasses
+
+    from gambit_core.cli import field_docs
+    from gambit_search.solve.config import PRESETS, SolveConfig, bind_method, make_config
+
+    own = {f.name for f in dataclasses.fields(SolveConfig)}
+    gambit = {f.name for f in dataclasses.fields(get_method("gambit").params)}
+    for cls in PRESETS.values():
+        names = {f.name for f in dataclasses.fields(cls)}
+        assert names <= own | gambit, names - own - gambit
+        assert set(field_docs(cls)) == names  # a docstring per setting
+    cfg = make_config(preset="paper")
+    p = cfg.params
+    assert (cfg.n, p.capacity, p.swap, p.interval, p.warmup, p.floor) == (256, 256, 16, 200, 12000, 0.1)
+    assert (p.branch_point, p.drain, p.interval_unit, p.max_children) == ("current", False, "steps", 0)
+    assert (cfg.temperature, cfg.top_p, cfg.top_k) == (0.6, 0.95, 20)
+    bind_method(cfg)
+
+
+def test_flags_given_win_over_the_preset():
+    from gambit_search.solve.cli import build_parser, configs_from_args
+    from gambit_search.solve.config import make_config
+
+    cfg = make_config(preset="paper", n=32, swap=2, branch_point="best")
+    assert (cfg.n, cfg.params.swap, cfg.params.branch_point, cfg.params.capacity) == \
+        (32, 2, "best", 256)
+    argv = ["--preset", "paper", "--n", "32", "--capacity", "16", "--drain", "--dataset", "toy:val:2"]
+    a = vars(build_parser().parse_args(argv))
+    given = set(vars(build_parser(defaults=False).parse_args(argv)))
+    a.pop("question"), a.pop("verbose")
+    (c,) = configs_from_args(a, given)
+    assert (c.n, c.params.capacity, c.params.drain, c.params.swap, c.temperature) == \
+        (32, 16, True, 16, 0.6)
+    (d,) = configs_from_args(vars(build_parser().parse_args(["--dataset", "toy:val:2"]))
+                             | {"question": None})  # no preset: the toy defaults
+    assert (d.n, d.params.capacity, d.params.branch_point) == (64, 32, "boundary")
+
+
+def test_an_unknown_preset_is_a_one_line_error():
+    from gambit_core.errors import InputError
+    from gambit_search.solve.config import make_config
+
+    with pytest.raises(InputError, match="--preset must be one of paper, got 'fast'") as e:
+        make_config(preset="fast")
+    assert "\n" not in str(e.value)

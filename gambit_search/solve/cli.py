@@ -19,6 +19,9 @@ Outputs in ``--out``: ``results.jsonl`` (one line per question, appended as each
 and ``run_config.json``. Rerunning the same command into the same ``--out`` skips the
 questions already in ``results.jsonl``; a different config there is refused.
 
+``--preset paper`` starts from the paper's reference settings (flags given win):
+``gambit-solve --preset paper --model Qwen/Qwen3-8B --scorer my/ckpt.pt --dataset aime.jsonl``.
+
 Booleans are ``--flag`` / ``--no-flag`` (``--no-drain``); bad input exits with status 2 and
 one line on stderr.
 """
@@ -80,8 +83,10 @@ def _print_summary(runs: list[dict]) -> None:
         print(f"{PROG}: {failed} question(s) failed: see 'error' in results.jsonl", file=sys.stderr)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """gambit-solve's parser: the run's flags, then every method's parameters."""
+def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
+    """gambit-solve's parser: the run's flags, then every method's parameters
+    (``defaults=False``: a flag not given stays out of the namespace, so a preset can tell
+    the flags given from the defaults)."""
     from gambit_core.cli import add_dataclass_args
     from gambit_search.methods import param_classes
 
@@ -90,21 +95,23 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("question", nargs="?", default=None, help="one question as text")
     p.add_argument("-v", "--verbose", action="store_true", help="show vLLM's INFO logs")
-    add_dataclass_args(p, SolveConfig, skip=("params",))
+    add_dataclass_args(p, SolveConfig, skip=("params",), defaults=defaults)
     for cls, prefix in param_classes().items():
         g = p.add_argument_group(f"{cls.__name__} ({(cls.__doc__ or '').splitlines()[0]})")
-        add_dataclass_args(g, cls, prefix=prefix)
+        add_dataclass_args(g, cls, prefix=prefix, defaults=defaults)
     return p
 
 
-def configs_from_args(a: dict) -> list[SolveConfig]:
+def configs_from_args(a: dict, given: set[str] | None = None) -> list[SolveConfig]:
     """One :class:`SolveConfig` per method of ``--method`` (comma-separated), each with its
-    own typed parameters from the flat flags; several methods write to ``<out>/<method>``."""
+    own typed parameters from the flat flags; several methods write to ``<out>/<method>``.
+    ``--preset`` sets every flag not in ``given`` (None: every flag counts as given)."""
     from dataclasses import fields
 
     from gambit_search.methods import get_method
-    from gambit_search.solve.config import params_from_flat
+    from gambit_search.solve.config import params_from_flat, with_preset
 
+    a = with_preset(a, set(a) if given is None else given)
     own = {f.name for f in fields(SolveConfig)}
     base = SolveConfig(**{k: v for k, v in a.items() if k in own})
     names = list(dict.fromkeys(m.strip() for m in base.method.split(",") if m.strip()))
@@ -127,12 +134,13 @@ def main(argv: list[str] | None = None) -> None:
 
     p = build_parser()
     a = vars(p.parse_args(argv))
+    given = set(vars(build_parser(defaults=False).parse_args(argv)))
     question, verbose = a.pop("question"), a.pop("verbose")
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     with input_errors(PROG):
-        cfgs = configs_from_args(a)
+        cfgs = configs_from_args(a, given)
         cfg = cfgs[0]
         if cfg.rescore is not None:
             print(json.dumps(rescore(cfg.rescore, cfg.rule or "weighted"), indent=1))

@@ -10,6 +10,10 @@ every check that needs no model.
 ``params`` holds the method's own parameters (:attr:`gambit_search.methods.Method.params`;
 None: its defaults). On the command line they are flat flags (``--capacity``,
 ``--deepconf-window``); :func:`params_from_flat` builds them from those names.
+
+A *preset* (``--preset paper``) is a frozen dataclass in :data:`PRESETS` whose fields are
+flat names (run settings and method parameters alike), each with its value and a docstring:
+:func:`with_preset` gives every setting the command line did not name the preset's value.
 """
 
 from __future__ import annotations
@@ -30,6 +34,72 @@ PROG = "gambit-solve"
 
 SCORER_DEVICES = ("cpu", "cuda", "auto")
 """The values of ``SolveConfig.scorer_device``."""
+
+
+
+@dataclass(frozen=True)
+class PaperPreset:
+    """``--preset paper``: the paper's reference settings (docs/REFERENCE.md, "The paper's
+    defaults"; the reference implementation's where the paper is silent). For real
+    reasoning models; on the toy world w = 12,000 makes no trace a parent."""
+
+    n: int = 256
+    """N = C = 256 completed traces per question (paper §5.1)."""
+    capacity: int | None = 256
+    """C = 256 logically active traces."""
+    swap: int = 16
+    """K = 16 traces swapped per round."""
+    interval: int = 200
+    """D = 200 between rounds ..."""
+    interval_unit: str = "steps"
+    """... counted in decode steps."""
+    warmup: int = 12000
+    """w = 12,000 output tokens before ranking or branching."""
+    floor: float = 0.1
+    """delta = 0.1 (the reference code's floor)."""
+    child_temperature: float = 1.0
+    """m = 1.0: children sample at the base temperature."""
+    branch_point: str = "current"
+    """Children fork at the parent's current tokens."""
+    max_children: int = 0
+    """No cap on children per parent."""
+    parents: str = "top"
+    """Fork from the best-scored eligible parents."""
+    drain: bool = False
+    """Refill until N complete, then stop the active traces (they do not vote)."""
+    revive: bool = False
+    """No revival in batches (a ghost leaves when pruned; the project still revives the best
+    ghost when none of a question's traces runs)."""
+    temperature: float = 0.6
+    """T = 0.6."""
+    top_p: float = 0.95
+    """top-p 0.95."""
+    top_k: int = 20
+    """top-k 20."""
+
+
+PRESETS: dict[str, type] = {"paper": PaperPreset}
+"""``--preset`` names and their settings."""
+
+
+def preset_settings(name: str | None) -> dict[str, Any]:
+    """The flat settings of preset ``name`` (None: none); an unknown name is an
+    :class:`InputError`."""
+    if name is None:
+        return {}
+    cls = PRESETS.get(name)
+    if cls is None:
+        raise InputError(f"--preset must be one of {', '.join(PRESETS)}, got {name!r}")
+    return dataclasses.asdict(cls())
+
+
+def with_preset(flat: dict[str, Any], given: set[str] | None = None) -> dict[str, Any]:
+    """``flat`` with its ``preset``'s value for every setting not in ``given`` (the names the
+    user set; None: every key of ``flat``)."""
+    given = set(flat) if given is None else given
+    return flat | {k: v for k, v in preset_settings(flat.get("preset")).items()
+                   if k not in given}
+
 
 SolveInputError = InputError
 """Bad input to gambit-solve (the project's one :class:`~gambit_core.errors.InputError`)."""
@@ -94,6 +164,10 @@ class SolveConfig(SamplingConfig):
     0.85 against 0.84; the driver's kernels share the GPU with the engine's process)."""
     engine: str = "vllm"
     """Engine: "vllm", or "fake" (the scripted engine: tests and dry runs)."""
+    preset: str | None = field(default=None, metadata=RUN_ONLY)
+    """Start from named settings; flags given win. "paper": the paper's reference (N = C =
+    256, K = 16, D = 200 steps, w = 12,000, floor 0.1, --branch-point current, --no-drain,
+    --no-revive, T = 0.6, top-p 0.95, top-k 20)."""
     out: str | None = field(default=None, metadata=RUN_ONLY)
     """Output directory (needed with --dataset; optional for one question)."""
     rule: str | None = field(default=None, metadata=RUN_ONLY)
@@ -181,7 +255,7 @@ def check_config(cfg: SolveConfig, question: str | None) -> Any:
 def make_config(**flat: Any) -> SolveConfig:
     """A :class:`SolveConfig` from flat names, as the command line gives them: the run's
     fields, and the method's parameters by their flag names (``swap=2``,
-    ``deepconf_window=8``). A name that is neither a field nor any method's parameter is an
+    ``deepconf_window=8``); ``preset="paper"`` fills the names not given. A name that is neither a field nor any method's parameter is an
     :class:`InputError`; another method's parameters are ignored, as on the command line."""
     from gambit_search.methods import get_method, param_classes
 
@@ -191,6 +265,7 @@ def make_config(**flat: Any) -> SolveConfig:
     bad = sorted(set(flat) - own - known)
     if bad:
         raise InputError(f"unknown gambit-solve settings {bad}")
+    flat = with_preset(flat)
     cfg = SolveConfig(**{k: v for k, v in flat.items() if k in own})
     if "," in cfg.method:
         return cfg
