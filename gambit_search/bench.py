@@ -4,10 +4,17 @@
     gambit-bench --methods sc,gambit --datasets toy:test:200 --seeds 0,1,2 --n 64 --kv-cache 0.05 \\
         --out runs/bench-toy
     gambit-bench --config bench.yaml          # the same keys in a YAML/JSON file; flags override
+    gambit-bench --methods sc,bon,step,gambit --datasets toy-clean:val:100 --n 8,16,32,64,128 \
+        --out runs/frontier                   # a budget sweep: one row per method and N
 
-Every (method, dataset, seed) run is one ``gambit-solve`` run (same driver, engine and
-accounting) into ``<out>/runs/<dataset>/<method>/seed<k>/``; a rerun skips finished
-questions, so the whole harness resumes after a crash. One engine serves every run (one
+Every (method, dataset, N, seed) run is one ``gambit-solve`` run (same driver, engine and
+accounting) into ``<out>/runs/<dataset>/<method>/seed<k>/`` (a sweep of several N:
+``.../<method>/n<N>/seed<k>/``); a rerun skips finished questions, so the whole harness
+resumes after a crash. ``--n 8,16,32,64,128`` sweeps the budget; a method with a capacity
+(Gambit) gets C and K from ``--capacity-rule`` at each N (``half``, the default: C =
+min(C0, N/2) and K = max(1, K0 * C / C0) from gambit-solve's defaults C0, K0, so N >= 2 C0
+runs gambit-solve's defaults; ``solve``: those defaults at every N); a ``--set`` of C or
+K replaces the rule for that method. One engine serves every run (one
 model); ``--kv-cache`` sets its size to create memory pressure. Per-method parameters:
 ``--set gambit.swap=2 step.n=32`` (or a ``set:`` mapping in the config file). A method may
 run twice under two labels: ``--methods gambit,gambit-c16=gambit --set gambit-c16.capacity=16``.
@@ -16,7 +23,9 @@ Writes ``<out>/table.md`` and ``<out>/table.json`` (per method and dataset, pool
 seeds: accuracy with a 95% Wilson interval, unique tokens per question, wall, completions/s,
 mean KV use, mean question latency against its no-queue ideal, completed traces per question
 and the share of questions that reached the budget N) and ``<out>/figures/*.png``
-(``gambit_search.bench_plots``). Everything that can be refused is refused before the
+(``gambit_search.bench_plots``); every row also carries the search diagnostics
+(coverage, correct and distinct answers per question, inherited share, fork depth:
+``gambit_search.diagnostics``). Everything that can be refused is refused before the
 engine starts: an unknown method, a method that needs a scorer run without one, a dataset
 that does not load.
 """
@@ -50,8 +59,15 @@ class BenchConfig:
     """Comma-separated question sources (JSONL path, local HF dataset, toy:<split>[:n])."""
     seeds: str = "0"
     """Comma-separated seeds."""
-    n: int = 32
-    """Budget of completed traces per question, for every method."""
+    n: str = "32"
+    """Budget of completed traces per question, for every method; comma-separated (or a list
+    in the config file) sweeps it, one table row per method and N."""
+    capacity_rule: str = "half"
+    """C and K of a method with a capacity (Gambit) at each N, unless ``--set`` gives them:
+    "half" (C = min(C0, N/2), K = max(1, K0 * C / C0), with gambit-solve's defaults C0 and
+    K0: its defaults wherever N >= 2 C0, the issue-29 setting below) or "solve" (gambit-solve's
+    defaults at every N; C is at most N). A method whose ``--set`` names C or K gets neither
+    from the rule (they are checked together: C >= 2K)."""
     model: str | None = None
     """Policy model (default: gambit-solve's, the shipped toy policy)."""
     scorer: str | None = None
@@ -71,6 +87,9 @@ class BenchConfig:
 BenchInputError = InputError
 """Bad harness input (the project's one :class:`~gambit_core.errors.InputError`)."""
 
+CAPACITY_RULES = ("half", "solve")
+"""The values of ``BenchConfig.capacity_rule``."""
+
 
 def _split(s: str) -> list[str]:
     return [x.strip() for x in str(s).split(",") if x.strip()]
@@ -83,6 +102,37 @@ def _value(v: str) -> Any:
         except ValueError:
             pass
     return {"true": True, "false": False, "none": None}.get(v.lower(), v)
+
+
+def budgets(n: str | int) -> list[int]:
+    """``"8,16,32"`` -> [8, 16, 32]: the budgets of ``--n`` (an InputError for anything but
+    distinct positive integers)."""
+    items = _split(str(n))
+    try:
+        out = [int(x) for x in items]
+    except ValueError:
+        raise InputError(f"--n takes positive integers separated by commas, got {n!r}") from None
+    if not out or min(out) < 1:
+        raise InputError(f"--n takes positive integers separated by commas, got {n!r}")
+    if len(set(out)) != len(out):
+        raise InputError(f"--n names a budget twice: {n!r}")
+    return out
+
+
+def capacity_params(method: Any, n: int, rule: str) -> dict[str, int]:
+    """The flat parameters ``rule`` sets for ``method`` at budget ``n`` ({} for a method
+    without a capacity and swap, or rule "solve"): "half" keeps gambit-solve's default C0
+    while ``n >= 2 C0`` and halves the budget below it (at least 2), with K scaled by K0 / C0
+    (at least 1, at most C / 2)."""
+    from gambit_search.solve.config import flat_name
+
+    p = method.params()
+    if rule == "solve" or not (hasattr(p, "capacity") and hasattr(p, "swap")):
+        return {}
+    c0 = p.capacity or n  # None: the method's C is N
+    c = max(2, min(c0, n // 2))  # a round prunes K and keeps K parents: C >= 2K >= 2
+    k = min(max(1, p.swap * c // c0), c // 2)
+    return {flat_name(method.flag_prefix, "capacity"): c, flat_name(method.flag_prefix, "swap"): k}
 
 
 def parse_sets(items: list[str]) -> dict[str, dict[str, Any]]:
@@ -132,7 +182,9 @@ def load_config(cfg: BenchConfig, sets: dict, given: set[str] | None = None
     except Exception as e:  # noqa: BLE001 - a value of the wrong type, one line
         raise InputError(f"{cfg.config}: {str(e).splitlines()[0]}") from None
     all_sets = OmegaConf.to_container(OmegaConf.merge(file_sets, sets))
-    return BenchConfig(**OmegaConf.to_container(merged)), all_sets
+    out = BenchConfig(**OmegaConf.to_container(merged))
+    budgets(out.n)  # "n: lots" is refused here, in one line
+    return out, all_sets
 
 
 def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
@@ -141,7 +193,10 @@ def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
     from gambit_search.solve import SolveConfig, check_config, load_run_questions
     from gambit_search.solve.config import flat_names, params_from_flat
 
-    methods, datasets = _split(cfg.methods), _split(cfg.datasets)
+    methods, datasets, ns = _split(cfg.methods), _split(cfg.datasets), budgets(cfg.n)
+    if cfg.capacity_rule not in CAPACITY_RULES:
+        raise InputError(f"--capacity-rule must be one of {', '.join(CAPACITY_RULES)}, "
+                         f"got {cfg.capacity_rule!r}")
     try:
         seeds = [int(s) for s in _split(cfg.seeds)]
     except ValueError:
@@ -164,7 +219,7 @@ def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
         if m not in methods:
             raise InputError(f"--set names method {m!r}, which is not in --methods")
     solve_fields = {f.name for f in fields(SolveConfig)} - {"params"}
-    base: dict[str, Any] = {"n": cfg.n, "kv_cache": cfg.kv_cache, "max_live": cfg.max_live,
+    base: dict[str, Any] = {"kv_cache": cfg.kv_cache, "max_live": cfg.max_live,
                             "max_questions": cfg.max_questions, "engine": cfg.engine}
     if cfg.model:
         base["model"] = cfg.model
@@ -178,24 +233,29 @@ def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
         if bad:
             raise InputError(f"--set {m}: unknown parameters {bad} (for {base_of[m]}: "
                              f"{', '.join(sorted(own_params[m])) or 'none of its own'})")
-    # seed-major: a run cut short still leaves whole seeds of every method, not whole
-    # methods and none of the later ones
+    # budget- then seed-major: a run cut short still leaves whole seeds of every method at
+    # the smaller budgets, not whole methods and none of the later ones
     jobs = []
     for d in datasets:
-        for s in seeds:
-            for m in methods:
-                extra = sets.get(m, {})
-                out = Path(cfg.out) / "runs" / _slug(d) / m / f"seed{s}"
-                meth = get_method(base_of[m])
-                run = {k: v for k, v in extra.items() if k not in own_params[m]}
-                sc = SolveConfig(**(base | {"dataset": d, "method": base_of[m], "seed": s,
-                                            "out": str(out)} | run),
-                                 params=params_from_flat(meth, extra))
-                try:
-                    check_config(sc, None)
-                except InputError as e:
-                    raise InputError(f"{m} on {d}: {e}") from None
-                jobs.append((d, m, s, sc))
+        for n in ns:
+            for s in seeds:
+                for m in methods:
+                    meth = get_method(base_of[m])
+                    given = sets.get(m, {})
+                    rule = ({} if set(capacity_params(meth, n, "half")) & set(given)
+                            else capacity_params(meth, n, cfg.capacity_rule))
+                    extra = rule | given
+                    out = Path(cfg.out) / "runs" / _slug(d) / m
+                    out = (out / f"n{n}" if len(ns) > 1 else out) / f"seed{s}"
+                    run = {k: v for k, v in extra.items() if k not in own_params[m]}
+                    sc = SolveConfig(**(base | {"dataset": d, "method": base_of[m], "seed": s,
+                                                "n": n, "out": str(out)} | run),
+                                     params=params_from_flat(meth, extra))
+                    try:
+                        check_config(sc, None)
+                    except InputError as e:
+                        raise InputError(f"{m} on {d} at N={n}: {e}") from None
+                    jobs.append((d, m, s, sc))
     for d in datasets:  # every dataset loads before any engine starts
         load_run_questions(replace(jobs[0][3], dataset=d, max_questions=cfg.max_questions), None)
     return jobs
@@ -222,6 +282,7 @@ def bench(cfg: BenchConfig, sets: dict | None = None, *, engine: Any = None, dec
         run_prepared,
         start_engine,
     )
+    from gambit_search.solve.outputs import fill_diagnostics
 
     cfg, sets = load_config(cfg, sets or {}, given)
     jobs = plan(cfg, sets)
@@ -243,9 +304,9 @@ def bench(cfg: BenchConfig, sets: dict | None = None, *, engine: Any = None, dec
                 summary.pop("results", None)
             else:
                 summary = json.loads((run_dir / "results.json").read_text())
-            rows = read_results(run_dir)
+            rows = fill_diagnostics(run_dir, read_results(run_dir))
             per_run.append({"dataset": d, "method": m, "seed": s, "dir": str(run_dir),
-                            **run_metrics(summary, rows)})
+                            **run_metrics(summary, rows), "n": p.cfg.n})
     finally:
         if own:
             engine.close()

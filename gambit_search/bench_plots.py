@@ -3,15 +3,17 @@
     from gambit_search.bench_plots import draw_all
     draw_all(Path("runs/bench"), per_run)   # per_run: gambit-bench's table.json "runs"
 
-* ``accuracy_vs_tokens.png`` / ``accuracy_vs_latency.png``: efficiency frontiers, one point
-  per (method, seed) and the method's mean with its 95% interval.
+* ``accuracy_vs_tokens.png`` / ``accuracy_vs_latency.png``: efficiency frontiers, one panel
+  per dataset: one line per method through its rows at each budget N (labelled), each with
+  its best rule's 95% interval, and one faint point per (method, N, seed).
 * ``kv_over_time.png``: KV use and running requests over time, one panel per method (the
   paper's Figure 4 analogue; first dataset, first seed).
 * ``token_distributions.png``: new tokens per completed trace and total sequence length
   (inherited + own) per method (Figures 7/8 analogues).
 * ``tree.png``: one question's search tree (the first question of the first Gambit run):
   each node a bar from its creation to its end on the question's token clock, children
-  linked to their parents, coloured by how it ended.
+  linked to their parents, coloured by how it ended; each graded completion is marked right
+  (green dot) or wrong (red cross).
 """
 
 from __future__ import annotations
@@ -35,34 +37,53 @@ def _plt():
 
 
 def _frontier(per_run: list[dict], x_key: str, xlabel: str, path: Path) -> None:
+    """One panel per dataset; per method a line through its table rows at each N (sorted by
+    N, each point labelled with it) with the row's 95% interval, and its runs (one per seed)
+    as faint dots."""
     from gambit_search.bench_tables import aggregate
 
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    table = {(r["dataset"], r["method"]): r for r in aggregate(per_run)}
+    table = aggregate(per_run)
+    datasets = list(dict.fromkeys(r["dataset"] for r in per_run))
     methods = list(dict.fromkeys(r["method"] for r in per_run))
-    for i, m in enumerate(methods):
-        c = f"C{i}"
-        pts = [r for r in per_run if r["method"] == m and r["graded"]]
-        xs = [(r["unique_tokens"] / max(1, r["questions"])) if x_key == "tokens" else r["latency_s"]
-              for r in pts]
-        ys = [100 * r["correct"] / r["graded"] for r in pts]
-        ax.scatter(xs, ys, color=c, alpha=0.4, s=18)
-        for (d, mm), t in table.items():
-            if mm != m or t["accuracy"] is None:
+    fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4.5), squeeze=False)
+    for ax, d in zip(axes[0], datasets, strict=True):
+        for i, m in enumerate(methods):
+            c = f"C{i}"
+            pts = [r for r in per_run if r["dataset"] == d and r["method"] == m and r["graded"]]
+            ax.scatter([_x(r, x_key, run=True) for r in pts],
+                       [100 * r["correct"] / r["graded"] for r in pts], color=c, alpha=0.3, s=14)
+            rows = sorted((t for t in table if t["dataset"] == d and t["method"] == m
+                           and t["accuracy"] is not None and _x(t, x_key) is not None),
+                          key=lambda t: (t.get("n") or 0))
+            if not rows:
                 continue
-            x = t["unique_tokens_per_question"] if x_key == "tokens" else t["latency_s"]
-            lo, hi = t["ci95"]
-            acc = 100 * t["accuracy"]
-            ax.errorbar([x], [acc], yerr=[[acc - 100 * lo], [100 * hi - acc]], fmt="o", color=c,
-                        capsize=3, label=f"{m} ({d})")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+            xs = [_x(t, x_key) for t in rows]
+            ys = [100 * t["accuracy"] for t in rows]
+            err = [[y - 100 * t["ci95"][0] for y, t in zip(ys, rows, strict=True)],
+                   [100 * t["ci95"][1] - y for y, t in zip(ys, rows, strict=True)]]
+            ax.errorbar(xs, ys, yerr=err, fmt="-o", color=c, capsize=3, ms=4, label=m)
+            for x, y, t in zip(xs, ys, rows, strict=True):
+                if t.get("n") is not None:
+                    ax.annotate(f"{t['n']}", (x, y), textcoords="offset points", xytext=(3, 3),
+                                fontsize=6, color=c)
+        if len(set(t.get("n") for t in table)) > 1 and x_key == "tokens":
+            ax.set_xscale("log")
+        ax.set_title(f"{d} (labels: N; bars: best rule's 95% CI)", fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _x(r: dict, x_key: str, run: bool = False) -> float | None:
+    """A run's (``run``) or a table row's x: unique tokens per question, or mean latency."""
+    if x_key != "tokens":
+        return r.get("latency_s")
+    return r["unique_tokens"] / max(1, r["questions"]) if run else r["unique_tokens_per_question"]
 
 
 def _first_runs(per_run: list[dict]) -> dict[str, dict]:
@@ -127,6 +148,9 @@ def _tokens(per_run: list[dict], path: Path) -> None:
 
 
 def _tree(per_run: list[dict], path: Path) -> bool:
+    from gambit_search.diagnostics import completion_correct
+    from gambit_search.solve.outputs import read_results
+
     runs = [r for r in per_run if r["method"] == "gambit"]
     if not runs:
         return False
@@ -135,6 +159,8 @@ def _tree(per_run: list[dict], path: Path) -> bool:
         return False
     tree = max(trees, key=lambda t: len(t["nodes"]))
     nodes = tree["nodes"]
+    gold = {r["id"]: r.get("gold") for r in read_results(Path(runs[0]["dir"]))}.get(tree["id"])
+    right = completion_correct(nodes, gold)
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, max(3, len(nodes) * 0.06)))
     end = max((n["ended_at"] or 0) for n in nodes) or 1
@@ -145,12 +171,20 @@ def _tree(per_run: list[dict], path: Path) -> bool:
         ax.plot([n["created_at"], e], [y, y], color=_STATE_COLOURS.get(n["state"], "k"), lw=1.5)
         if n["parent"] is not None:
             ax.plot([n["created_at"]] * 2, [row[n["parent"]], y], color="0.8", lw=0.5, zorder=0)
+        if right.get(n["id"]) is not None:  # a graded completion: right or wrong at its end
+            ax.scatter([e], [y], marker="o" if right[n["id"]] else "x", s=14, zorder=3,
+                       color="tab:green" if right[n["id"]] else "tab:red")
     for st, c in _STATE_COLOURS.items():
         if any(n["state"] == st for n in nodes):
             ax.plot([], [], color=c, label=st)
+    if any(v is not None for v in right.values()):
+        ax.scatter([], [], marker="o", color="tab:green", s=14, label="completion right")
+        ax.scatter([], [], marker="x", color="tab:red", s=14, label="completion wrong")
     ax.set_xlabel("question's unique-token clock")
     ax.set_ylabel("node (by creation)")
-    ax.set_title(f"gambit tree of {tree['id']}: {len(nodes)} nodes", fontsize=9)
+    k = sum(bool(v) for v in right.values())
+    ax.set_title(f"gambit tree of {tree['id']} (N={runs[0].get('n')}): {len(nodes)} nodes, "
+                 f"{k} of {len(right)} completions right", fontsize=9)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -4,15 +4,18 @@
     table = aggregate([run_metrics(summary, rows) | {"dataset": d, "method": m} ...])
     print(markdown(table))
 
-The headline of a row is the method's best vote rule, named; every rule, the budget voted
-on (completions and traces started per question), tokens, throughput and latency against
-the no-queue ideal are in the row too.
+A row is one (dataset, method, N). Its headline is the method's best vote rule at that N,
+named; every rule, the budget voted on (completions and traces started per question),
+tokens, throughput, latency against the no-queue ideal and the search diagnostics
+(coverage, correct and distinct answers per question, inherited share, fork depth:
+:mod:`gambit_search.diagnostics`) are in the row too.
 """
 
 from __future__ import annotations
 
 import math
 
+from gambit_search.diagnostics import Totals, row_diagnostics
 from gambit_search.voting import RULES
 
 __all__ = ["aggregate", "markdown", "run_metrics", "wilson"]
@@ -30,7 +33,8 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def run_metrics(summary: dict, rows: list[dict]) -> dict:
-    """One run's metrics from its summary and result rows."""
+    """One run's metrics from its summary and result rows (``diagnostics``: the rows'
+    :class:`~gambit_search.diagnostics.Totals`, sums that pool over seeds)."""
     tm = summary.get("timing") or {}
     steps = max(1, tm.get("steps", 0))
     step_s = tm.get("wall_s", 0.0) / steps
@@ -41,7 +45,7 @@ def run_metrics(summary: dict, rows: list[dict]) -> dict:
     done = [r.get("tree_stats", {}).get("completions", 0) for r in rows if not r.get("error")]
     started = [r.get("tree_stats", {}).get("started") for r in rows if not r.get("error")]
     return {
-        "questions": len(rows), "correct": sum(bool(r.get("correct")) for r in rows),
+        "n": n, "questions": len(rows), "correct": sum(bool(r.get("correct")) for r in rows),
         **{f"correct_{rule}": sum(bool(r.get(f"correct_{rule}")) for r in rows)
            for rule in RULES},
         "started": sum(started) if started and None not in started else None,
@@ -58,16 +62,18 @@ def run_metrics(summary: dict, rows: list[dict]) -> dict:
         "budget_reached": sum(c >= n for c in done) if n else None,
         "accuracy_weighted": summary.get("accuracy_weighted"),
         "accuracy_plain": summary.get("accuracy_plain"), "accuracy_top1": summary.get("accuracy_top1"),
+        "diagnostics": Totals.of(row_diagnostics(r) for r in rows).to_json(),
     }
 
 
 def aggregate(per_run: list[dict]) -> list[dict]:
-    """Pool runs of the same (dataset, method) over seeds."""
-    groups: dict[tuple[str, str], list[dict]] = {}
+    """Pool runs of the same (dataset, method, N) over seeds (``n``: the run's budget; a run
+    without one pools with the others of its method)."""
+    groups: dict[tuple[str, str, int | None], list[dict]] = {}
     for r in per_run:
-        groups.setdefault((r["dataset"], r["method"]), []).append(r)
+        groups.setdefault((r["dataset"], r["method"], r.get("n")), []).append(r)
     table = []
-    for (d, m), rs in groups.items():
+    for (d, m, budget), rs in groups.items():
         n = sum(r["graded"] for r in rs)
         qs = sum(r["questions"] for r in rs)
         by_rule = {rule: (sum(r.get(f"correct_{rule}", 0) for r in rs) / n if n else None)
@@ -85,8 +91,9 @@ def aggregate(per_run: list[dict]) -> list[dict]:
             v = [r[key] for r in rs if r.get(key) is not None]
             return sum(v) / len(v) if v else None
 
+        diag = sum((Totals.from_json(r.get("diagnostics")) for r in rs), Totals())
         table.append({
-            "dataset": d, "method": m, "seeds": len(rs), "questions": qs,
+            "dataset": d, "method": m, "n": budget, "seeds": len(rs), "questions": qs,
             "accuracy": k / n if n else None, "ci95": [lo, hi], "best_rule": best,
             **{f"accuracy_{rule}": by_rule[rule] for rule in RULES},
             "unique_tokens_per_question": toks / max(1, qs),
@@ -104,6 +111,7 @@ def aggregate(per_run: list[dict]) -> list[dict]:
             "budget_reached": (sum(r["budget_reached"] for r in rs) / qs
                                if qs and all(r.get("budget_reached") is not None for r in rs)
                                else None),
+            **diag.means(),
         })
     return table
 
@@ -111,22 +119,24 @@ def aggregate(per_run: list[dict]) -> list[dict]:
 def markdown(table: list[dict]) -> str:
     """The table as Markdown: the headline is each method's best vote rule (named), then
     every rule, the budget actually voted on (completions per question, traces started),
-    tokens, throughput and latency against the no-queue ideal."""
+    tokens, throughput, latency against the no-queue ideal and the search diagnostics."""
     def f(x, fmt):
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
     def pct(x):
         return f(100 * x if x is not None else None, ".1f")
 
-    lines = ["| dataset | method | seeds | questions | accuracy (best rule) | 95% CI | weighted | "
-             "plain | top-1 | completions / q | started / q | reached N | unique tokens / q | "
-             "tokens / completion | wall s | completions / s | mean KV use | latency s | "
-             "latency / ideal | preemptions |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    cols = ["dataset", "method", "N", "seeds", "questions", "accuracy (best rule)", "95% CI",
+            "weighted", "plain", "top-1", "completions / q", "started / q", "reached N",
+            "unique tokens / q", "tokens / completion", "wall s", "completions / s",
+            "mean KV use", "latency s", "latency / ideal", "preemptions", "coverage",
+            "correct / q", "distinct / q", "inherited share", "fork depth mean / max"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in table:
         lo, hi = r["ci95"]
         lines.append(
-            f"| {r['dataset']} | {r['method']} | {r['seeds']} | {r['questions']} | "
+            f"| {r['dataset']} | {r['method']} | {f(r.get('n'), 'd')} | {r['seeds']} | "
+            f"{r['questions']} | "
             f"{pct(r['accuracy'])}% ({r.get('best_rule', '-')}) | "
             f"{f(100 * lo, '.1f')}-{f(100 * hi, '.1f')} | {pct(r.get('accuracy_weighted'))} | "
             f"{pct(r.get('accuracy_plain'))} | {pct(r.get('accuracy_top1'))} | "
@@ -136,5 +146,8 @@ def markdown(table: list[dict]) -> str:
             f"{r['unique_tokens_per_question']:.0f} | {f(r.get('tokens_per_completion'), '.0f')} | "
             f"{f(r['wall_s'], '.1f')} | {f(r['completions_per_s'], '.2f')} | "
             f"{f(r['kv_mean'], '.2f')} | {f(r['latency_s'], '.2f')} | "
-            f"{f(r['latency_vs_ideal'], '.2f')} | {f(r.get('preemptions'), 'd')} |")
+            f"{f(r['latency_vs_ideal'], '.2f')} | {f(r.get('preemptions'), 'd')} | "
+            f"{pct(r.get('coverage'))} | {f(r.get('correct_per_question'), '.2f')} | "
+            f"{f(r.get('distinct_per_question'), '.2f')} | {pct(r.get('inherited_share'))} | "
+            f"{f(r.get('fork_depth_mean'), '.2f')} / {f(r.get('fork_depth_max'), 'd')} |")
     return "\n".join(lines) + "\n"

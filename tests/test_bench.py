@@ -65,7 +65,7 @@ def test_table_pools_seeds_and_draws_figures(tmp_path, fake_scorer):
         # a method's own parameters only: SC has no swap
         assert cfg.get("swap") == (3 if run["method"] == "gambit" else None)
     out = tmp_path / "b"
-    assert "| toy:val:4 | gambit | 2 | 8 |" in (out / "table.md").read_text()
+    assert "| toy:val:4 | gambit | 6 | 2 | 8 |" in (out / "table.md").read_text()
     for f in res["figures"]:
         assert Path(f).stat().st_size > 5000
     assert any(f.endswith("tree.png") for f in res["figures"])
@@ -96,12 +96,15 @@ def test_a_method_variant_gets_its_own_row_and_settings(tmp_path, fake_scorer):
     sets = {"gambit": dict(SETS["gambit"]), "gambit-c4": dict(SETS["gambit"], capacity=4, swap=2)}
     res = bench(cfg, sets, progress=False, figures=False)
     assert [r["method"] for r in res["table"]] == ["gambit", "gambit-c4"]
-    caps = {}
+    caps, swaps = {}, {}
     for run in res["runs"]:
         run_cfg = json.loads(Path(run["dir"], "run_config.json").read_text())
         assert run_cfg["method"] == "gambit" and Path(run["dir"]).parent.name == run["method"]
         caps[run["method"]] = run_cfg["capacity"]
-    assert caps == {"gambit": 32, "gambit-c4": 4}  # 32: the default
+        swaps[run["method"]] = run_cfg["swap"]
+    # both set swap: the capacity rule leaves them alone (gambit: the default C = 32)
+    assert caps == {"gambit": 32, "gambit-c4": 4}
+    assert swaps == {"gambit": 3, "gambit-c4": 2}
 
 
 @pytest.mark.parametrize("kw, sets, msg", [
@@ -115,6 +118,10 @@ def test_a_method_variant_gets_its_own_row_and_settings(tmp_path, fake_scorer):
     (dict(), {"step": {"n": 3}}, "not in --methods"),
     (dict(), {"gambit": {"nope": 3}}, "unknown parameters"),
     (dict(config="/no/such.yaml"), {}, "does not exist"),
+    (dict(n="8,x"), {}, "--n takes positive integers"),
+    (dict(n="8,0"), {}, "--n takes positive integers"),
+    (dict(n="8,8"), {}, "names a budget twice"),
+    (dict(capacity_rule="third"), {}, "--capacity-rule must be one of"),
 ])
 def test_bad_input_is_refused_before_any_engine(tmp_path, fake_scorer, kw, sets, msg):
     # engine="vllm": had anything started vLLM, this would take a minute and need the model
@@ -142,10 +149,62 @@ def test_a_flag_given_at_its_default_value_wins_over_the_config_file(tmp_path):
     f.write_text("n: 16\nseeds: [0, 1]\nkv_cache: 0.02\nset:\n  gambit: {swap: 4}\n")
     base = BenchConfig(out=str(tmp_path / "o"), config=str(f))
     cfg, sets = load_config(base, {"gambit": {"interval": 8}}, given={"n"})  # --n 32 given
-    assert cfg.n == 32 and cfg.seeds == "0,1" and cfg.kv_cache == 0.02
+    assert cfg.n == "32" and cfg.seeds == "0,1" and cfg.kv_cache == 0.02
     assert sets == {"gambit": {"swap": 4, "interval": 8}}
     cfg, _ = load_config(base, {}, given=set())  # nothing given: the file's
-    assert cfg.n == 16
+    assert cfg.n == "16"
+    f.write_text("n: [8, 16]\n")  # a list sweeps, as --n 8,16
+    assert load_config(base, {}, given=set())[0].n == "8,16"
     f.write_text("n: lots\n")
     with pytest.raises(BenchInputError, match="n"):
         load_config(base, {}, given=set())
+
+
+def test_a_budget_sweep_has_a_row_per_method_and_n(tmp_path, fake_scorer):
+    """--n 4,8: every method at each N into its own n<N> directory, C and K by the capacity
+    rule (half: C = N/2, K = 1 below gambit-solve's 2 x 32), the frontier figure drawn."""
+    cfg = _cfg(tmp_path, fake_scorer, n="4,8", datasets="toy:val:3", seeds="0,1")
+    res = bench(cfg, {"gambit": {"interval": 3, "warmup": 4}}, progress=False)
+    assert [(r["method"], r["n"]) for r in res["table"]] == [
+        ("sc", 4), ("gambit", 4), ("sc", 8), ("gambit", 8)]
+    # budget-major, then seed-major
+    assert [(x["n"], x["seed"], x["method"]) for x in res["runs"]][:4] == [
+        (4, 0, "sc"), (4, 0, "gambit"), (4, 1, "sc"), (4, 1, "gambit")]
+    for run in res["runs"]:
+        assert Path(run["dir"]).parent.name == f"n{run['n']}"
+        run_cfg = json.loads(Path(run["dir"], "run_config.json").read_text())
+        assert run_cfg["n"] == run["n"]
+        if run["method"] == "gambit":
+            assert (run_cfg["capacity"], run_cfg["swap"]) == (run["n"] // 2, 1)
+    for r in res["table"]:
+        assert r["questions"] == 6 and r["seeds"] == 2
+        if r["method"] == "sc":  # SC votes on exactly N
+            assert r["completions_per_question"] == r["n"]
+    md = (tmp_path / "b" / "table.md").read_text()
+    assert "| toy:val:3 | sc | 4 | 2 | 6 |" in md and "| toy:val:3 | sc | 8 | 2 | 6 |" in md
+    assert any(f.endswith("accuracy_vs_tokens.png") and Path(f).stat().st_size > 5000
+               for f in res["figures"])
+    # "solve": gambit-solve's defaults (C = min(32, N), K = 2) at every N
+    solo = bench(_cfg(tmp_path, fake_scorer, out=str(tmp_path / "s"), n="4",
+                      methods="gambit", datasets="toy:val:3", seeds="0",
+                      capacity_rule="solve"), {}, progress=False, figures=False)
+    run_cfg = json.loads(Path(solo["runs"][0]["dir"], "run_config.json").read_text())
+    assert Path(solo["runs"][0]["dir"]).parent.name == "gambit"  # one N: no n<N> level
+    assert (run_cfg["capacity"], run_cfg["swap"]) == (32, 2)
+
+
+def test_capacity_rule_keeps_gambit_solve_defaults_from_2c():
+    from gambit_search.bench import capacity_params
+    from gambit_search.methods import get_method
+    from gambit_search.methods.gambit import GambitParams
+
+    c0, k0 = GambitParams().capacity, GambitParams().swap
+    g = get_method("gambit")
+    for n in (8, 16, 32, 2 * c0, 4 * c0):
+        got = capacity_params(g, n, "half")
+        c = max(2, min(c0, n // 2))
+        assert got == {"capacity": c, "swap": max(1, k0 * c // c0)}
+    assert capacity_params(g, 2 * c0, "half") == {"capacity": c0, "swap": k0}
+    assert capacity_params(g, 8, "solve") == {}
+    assert capacity_params(g, 2, "half") == {"capacity": 2, "swap": 1}  # C >= 2K
+    assert capacity_params(get_method("sc"), 8, "half") == {}  # no capacity

@@ -41,8 +41,35 @@ def prepare_out(out: Path, want: dict, defaults: dict) -> set[str]:
     return {r["id"] for r in rows}
 
 
+def add_diagnostics(r: dict) -> dict:
+    """``r`` with its ``diagnostics`` (coverage, correct and distinct answers, inherited
+    share, fork depth: :mod:`gambit_search.diagnostics`) from its ``tree``, in place."""
+    from gambit_search.diagnostics import question_diagnostics
+
+    if "tree" in r and "diagnostics" not in r:
+        r["diagnostics"] = question_diagnostics(r["tree"], r.get("gold")).to_json()
+    return r
+
+
+def fill_diagnostics(out: Path, rows: list[dict]) -> list[dict]:
+    """``rows`` with ``diagnostics`` computed from ``out/trees`` where a row lacks it (a run
+    written before diagnostics existed); a row whose tree is missing is left as it is."""
+    from gambit_search.diagnostics import question_diagnostics
+
+    filled = []
+    for r in rows:
+        path = Path(out) / "trees" / f"{safe_name(str(r['id']))}.json"
+        if not r.get("diagnostics") and path.is_file():
+            d = question_diagnostics(json.loads(path.read_text())["nodes"], r.get("gold"))
+            r = dict(r, diagnostics=d.to_json())
+        filled.append(r)
+    return filled
+
+
 def write_result(out: Path, r: dict) -> None:
-    """Tree first, then the result line (fsynced): a line in results.jsonl means done."""
+    """Tree first, then the result line (fsynced, with its ``diagnostics``): a line in
+    results.jsonl means done."""
+    add_diagnostics(r)
     tree = {"id": r["id"], "method": r["method"], "nodes": r.pop("tree"),
             "rounds": r.pop("rounds", [])}
     atomic_write(out / "trees" / f"{safe_name(r['id'])}.json", json.dumps(tree))
@@ -50,7 +77,10 @@ def write_result(out: Path, r: dict) -> None:
 
 
 def summarize(rows: list[dict], cfg: dict, extra: dict | None = None) -> dict:
-    """The run summary over result rows."""
+    """The run summary over result rows (``diagnostics``: their pooled
+    :meth:`~gambit_search.diagnostics.Totals.means`)."""
+    from gambit_search.diagnostics import Totals, row_diagnostics
+
     n = len(rows)
     graded = [r for r in rows if r.get("gold")]
 
@@ -66,6 +96,7 @@ def summarize(rows: list[dict], cfg: dict, extra: dict | None = None) -> dict:
         "accuracy_plain": acc("correct_plain"), "accuracy_top1": acc("correct_top1"),
         "unique_tokens": tokens, "unique_tokens_per_question": tokens / n if n else 0,
         "completions": comps, "completions_per_question": comps / n if n else 0,
-        "started_per_question": started / n if n else 0, "config": cfg,
+        "started_per_question": started / n if n else 0,
+        "diagnostics": Totals.of(row_diagnostics(r) for r in rows).means(), "config": cfg,
         "versions": versions(), "seed": cfg.get("seed"), **(extra or {}),
     }
