@@ -19,6 +19,16 @@ machines together equal one unsharded run. ``harvest_config.json`` pins the mode
 sampling config of a directory (a different one is refused); ``manifest.json`` is written
 last, once every chunk exists. Read it with ``gambit_scorer.harvest_io.iter_traces(DIR)`` or
 ``datasets.load_dataset("parquet", data_dir=f"{DIR}/data")``.
+
+Process labels (:mod:`data_pipelines.labels`, docs/SCORER.md): on toy questions every row
+also gets the exact per-boundary ``prefix_labels`` (is the arithmetic still clean here?).
+``--mc-labels K`` adds Monte-Carlo labels after the sampling: from the first boundary and
+every ``--mc-every``-th one after it, K continuations forked through the prefix cache;
+label 1 if any reaches gold. They go to ``mc/shard-N.parquet`` beside each data shard, so
+the flag also labels a finished harvest (rerun the same command with it), resumes like the
+sampling, and ``--mc-max-forks`` caps one run's continuations::
+
+    gambit-harvest --dataset toy:train:300 --n 16 --out harvests/toy-train --mc-labels 4 --mc-every 2
 """
 
 from __future__ import annotations
@@ -71,6 +81,13 @@ class HarvestConfig(SamplingConfig):
     """KV-cache size in GiB."""
     engine: str = "vllm"
     """'vllm', or 'fake' (scripted engine: tests and dry runs)."""
+    mc_labels: int = field(default=0, metadata=RUN_ONLY)
+    """Monte-Carlo labels: continuations forked per labelled boundary (0: off). Pinned for the
+    directory in mc/mc_config.json, not in the harvest's config: a finished harvest can get them."""
+    mc_every: int = field(default=1, metadata=RUN_ONLY)
+    """Monte-Carlo labels at the first boundary of a trace and every N-th after it."""
+    mc_max_forks: int | None = field(default=None, metadata=RUN_ONLY)
+    """Most Monte-Carlo continuations this run samples (whole shards; rerun for the rest)."""
 
     def shard_index(self) -> tuple[int, int]:
         try:
@@ -192,11 +209,13 @@ class _Recorder:
             text = self.decode(ids)
         answer, correct = grade(q.answer, text) if finish != "error" else (None, False)
         cm, cn = _thought_confidence(lps, offs)
+        from data_pipelines.labels import toy_prefix_labels
         self.rows[self.chunk_of[qid]].append({
             "question_id": q.id, "question": q.question, "gold": q.answer,
             "trace_index": node, "token_ids": ids, "text": text, "answer": answer,
             "correct": bool(correct), "boundary_positions": offs, "hidden_states": hidden,
             "conf_mean": cm, "conf_min": cn, "n_tokens": len(ids),
+            "prefix_labels": toy_prefix_labels(q.question, ids, offs, self.decode),
             "_error": error if finish == "error" else None,
         })
 
@@ -319,7 +338,9 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
 
     kind = get_engine_kind(cfg.engine)  # InputError naming the known engines
     cfg.check_sampling()
-    for name in ("n", "questions_per_shard", "max_live"):
+    if cfg.mc_labels < 0 or (cfg.mc_max_forks is not None and cfg.mc_max_forks < 0):
+        raise InputError(f"--mc-labels and --mc-max-forks must be >= 0, got {cfg.mc_labels}, {cfg.mc_max_forks}")
+    for name in ("n", "questions_per_shard", "max_live", "mc_every"):
         if getattr(cfg, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
@@ -342,13 +363,27 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
     print(f"gambit-harvest: {len(questions)} questions in {len(chunks)} shards; this process: {len(mine)} to do "
           f"(shard {cfg.shard})", file=sys.stderr)
     own_engine = engine is None
+    started: list = [] if own_engine else [(engine, sorted(getattr(engine, "boundary_ids", [])) or [4])]
+
+    def engine_of():
+        if not started:
+            started.append(_make_engine(cfg))
+        return started[0][0]
+
+    try:
+        return _run(cfg, out, questions, chunks, mine, (shard_i, shard_n), kind, engine_of, started, m_hash, t_hash)
+    finally:
+        if own_engine and started:
+            started[0][0].close()
+
+
+def _run(cfg, out, questions, chunks, mine, shard, kind, engine_of, started, m_hash, t_hash) -> dict:
+    shard_i, shard_n = shard
     if mine:
         from tqdm import tqdm
 
-        if own_engine:
-            engine, boundary_ids = _make_engine(cfg)
-        else:
-            boundary_ids = sorted(getattr(engine, "boundary_ids", [])) or [4]
+        engine = engine_of()
+        boundary_ids = started[0][1]
         stats = Counter()
         t0 = time.time()
         bar = tqdm(total=sum(len(chunks[c]) for c in mine) * cfg.n, unit="trace", desc="harvest",
@@ -370,11 +405,18 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
         sampling_seconds = time.time() - t0
         meta = {"hidden_size": engine.hidden_size, "boundary_token_ids": boundary_ids}
         (out / f"engine-{shard_i}of{shard_n}.json").write_text(json.dumps(meta))
-        if own_engine:
-            engine.close()
     summary = summarize(out)
     if mine:
         summary["sampling_seconds"] = round(sampling_seconds, 3)
+    if cfg.mc_labels:
+        from data_pipelines.labels import MCPlan, mc_pass
+
+        t1 = time.time()
+        sampling = {k: getattr(cfg, k) for k in ("temperature", "top_p", "top_k", "max_tokens")}
+        plan = MCPlan(k=cfg.mc_labels, every=cfg.mc_every, seed=cfg.seed, max_forks=cfg.mc_max_forks)
+        summary |= mc_pass(out, [c for c in range(len(chunks)) if c % shard_n == shard_i], plan, sampling,
+                           engine_of, kind, cfg.max_live)
+        summary["mc_seconds"] = round(time.time() - t1, 3)
     complete = all((out / "data" / f"shard-{c:05d}.parquet").exists() for c in range(len(chunks)))
     if complete:
         summary["manifest"] = str(_write_manifest(out, cfg, m_hash, t_hash, len(questions), summary))
@@ -396,10 +438,24 @@ def _write_manifest(out: Path, cfg: HarvestConfig, m_hash: str, t_hash: str, n_q
         "counts": {"questions": n_questions, "traces": summary["traces"], "correct": summary["correct"],
                    "failed_questions": len({f["question_id"] for f in failed})},
         "failed": failed, "summary": {k: v for k, v in summary.items() if k != "manifest"},
+        "labels": _label_kinds(out),
     }
     path = out / "manifest.json"
     atomic_write(path, json.dumps(manifest, indent=2))
     return path
+
+
+def _label_kinds(out: Path) -> dict:
+    """Which process labels the harvest holds (docs/SCORER.md): prefix (every trace has
+    them) and mc (its config and coverage), for the manifest."""
+    import pyarrow.compute as pc
+
+    from data_pipelines.labels import mc_summary
+    from gambit_scorer.harvest_io import _dataset
+
+    col = _dataset(out).to_table(columns=["prefix_labels"]).column("prefix_labels")
+    return {"outcome": True, "prefix": bool(len(col)) and int(pc.sum(pc.is_null(col)).as_py()) == 0,
+            "mc": mc_summary(out)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,6 +7,12 @@
   MLP samples: one per boundary state, labelled with the trace's correctness.
   Seq samples: one per trace, its boundary states in order (the last ``max_len``), right-padded
   to the batch's longest with a boolean ``mask``.
+- Labels (``labels``): ``outcome`` (every sample is labelled with its trace's final
+  correctness, the reference) or per-boundary process labels, ``prefix`` (toy harvests'
+  exact "still clean" labels) or ``mc`` (Monte-Carlo labels, ``gambit-harvest --mc-labels``):
+  batches then also carry ``y_step`` and ``y_step_mask`` (the boundaries that have a
+  label), which the kinds' losses train on (Seq: every labelled position). ``y`` stays the
+  outcome: the split's stratification and the validation metrics use it either way.
 - Features per step: ``models.step_features`` (hidden state, optionally + standardised
   confidence); ``conf_norm`` and ``pos_weight`` (negatives / positives over the loss's
   units: steps for the MLP, traces for Seq) come from the training split.
@@ -38,6 +44,7 @@ from gambit_scorer.harvest_index import (  # noqa: F401 - re-exported: their old
     HarvestIndex,
     _checked_states,
     load_states,
+    load_step_labels,
     resolve_harvest_dirs,
     scan_harvests,
     split_by_question,
@@ -174,8 +181,10 @@ class HarvestDataModule(L.LightningDataModule):
         shuffle_buffer: int = 8192,
         read_batch_size: int = 256,
         max_len: int = 4096,
+        labels: str = "outcome",
     ):
         super().__init__()
+        self.labels = str(labels)
         self.scorer_kind = get_kind(kind)
         self.dirs = resolve_harvest_dirs(harvest)
         self.kind, self.features = self.scorer_kind.name, resolve_features(features)
@@ -203,6 +212,7 @@ class HarvestDataModule(L.LightningDataModule):
         if self.index is not None:
             return
         ix = scan_harvests(self.dirs, read_batch_size=max(self.read_batch_size, 1024))
+        ix.step_label = load_step_labels(ix, self.labels, max(self.read_batch_size, 1024))
         val = split_by_question(ix.qidx, ix.label, self.val_fraction, self.seed)
         has = ix.n_steps > 0
         self.train_traces = np.flatnonzero(~val & has)
@@ -215,9 +225,13 @@ class HarvestDataModule(L.LightningDataModule):
             "mean": c.mean(0).tolist(),
             "std": np.where(std > 1e-6, std, 1.0).tolist(),
         }
-        y_tr = ix.label[self.train_traces]
-        units = self.scorer_kind.units(ix.n_steps[self.train_traces])
-        n_pos, n_all = int((y_tr * units).sum()), int(units.sum())
+        if ix.step_label is None:
+            y_tr = ix.label[self.train_traces]
+            units = self.scorer_kind.units(ix.n_steps[self.train_traces])
+            n_pos, n_all = int((y_tr * units).sum()), int(units.sum())
+        else:  # over the labelled boundaries the loss sees
+            ys = ix.step_label[rows]
+            n_pos, n_all = int((ys == 1).sum()), int((ys >= 0).sum())
         self.pos_weight = (n_all - n_pos) / max(n_pos, 1)
         self.streaming = self.streaming_opt is True or (
             self.streaming_opt == "auto" and ix.state_bytes > self.max_in_memory_gb * 2**30
@@ -253,6 +267,7 @@ class HarvestDataModule(L.LightningDataModule):
             "harvest": [str(d) for d in ix.dirs],
             "hidden_size": ix.hidden_size,
             "features": list(self.features),
+            "labels": self.labels,
             "streaming": bool(self.streaming),
             "n_questions": {
                 "train": len(np.unique(ix.qidx[tr])),
@@ -266,6 +281,10 @@ class HarvestDataModule(L.LightningDataModule):
             },
             "n_traces_without_boundary": int((ix.n_steps == 0).sum()),
             "pos_weight": self.pos_weight,
+            **({} if ix.step_label is None else {"pos_rate_steps": {
+                "train": float((ix.step_label[_rows_of(ix, tr)[0]] == 1).mean()),
+                "val": float((ix.step_label[_rows_of(ix, va)[0]] == 1).mean()),
+            }}),
         }
 
     def set_epoch(self, epoch: int) -> None:

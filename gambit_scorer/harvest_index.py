@@ -5,6 +5,7 @@ splits the traces (by question); the hidden states are read afterwards, into mem
     from gambit_scorer.harvest_index import scan_harvests, split_by_question
     ix = scan_harvests(["harvests/toy-train-2000"])
     val = split_by_question(ix.qidx, ix.label, val_fraction=0.1, seed=0)   # a mask
+    ix.step_label = load_step_labels(ix, "prefix")   # per-boundary labels (data.labels), -1: none
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from gambit_scorer.harvest_io import (
     iter_batches,
     list_column,
     read_manifest,
+    read_mc_labels,
     shard_paths,
 )
 
 SCAN_COLUMNS = ("question_id", "trace_index", "correct", "conf_mean", "conf_min")
 STATE_COLUMNS = ("question_id", "trace_index", "hidden_states")
+LABEL_KINDS = ("outcome", "prefix", "mc")
+"""``data.labels``: what a scorer learns to predict at a boundary (docs/SCORER.md)."""
 
 
 # ----------------------------------------------------------------------------- scan + split
@@ -51,6 +55,9 @@ class HarvestIndex:
     """float32 [total_steps, 2]: conf_mean, conf_min."""
     key: dict[tuple[int, str, int], int] = field(repr=False)
     """(dir index, question_id, trace_index) -> trace id."""
+    step_label: np.ndarray | None = field(default=None, repr=False)
+    """int8 [total_steps], rows as ``conf``: a per-boundary label (1/0, -1: this boundary has
+    none) when training on process labels (:func:`load_step_labels`); None: the trace's outcome."""
 
     @property
     def n_traces(self) -> int:
@@ -209,4 +216,44 @@ def load_states(index: HarvestIndex, read_batch_size: int = 256) -> np.ndarray:
                     out[index.offsets[tid] : index.offsets[tid + 1]] = _checked_states(
                         index, tid, blobs[i].as_py()
                     )
+    return out
+
+
+def load_step_labels(index: HarvestIndex, labels: str, read_batch_size: int = 1024) -> np.ndarray | None:
+    """Per-boundary labels of every trace of ``index`` (int8, rows by ``index.offsets``; -1 where
+    a boundary has none), or None for ``labels='outcome'``. ``prefix``: the ``prefix_labels``
+    column (toy harvests); ``mc``: the harvest's ``mc/`` shards. A harvest that lacks them:
+    :class:`HarvestError` saying how to get them."""
+    if labels not in LABEL_KINDS:
+        raise HarvestError(f"data.labels={labels!r}: choose one of {'|'.join(LABEL_KINDS)}")
+    if labels == "outcome":
+        return None
+    out = np.full(int(index.offsets[-1]), -1, np.int8)
+    for di, d in enumerate(index.dirs):
+        missing, seen = 0, 0
+        mc = read_mc_labels(d) if labels == "mc" else None
+        for batch in iter_batches(d, ("question_id", "trace_index", "prefix_labels"), read_batch_size):
+            qids = batch.column("question_id").to_pylist()
+            tix = batch.column("trace_index").to_pylist()
+            pref = batch.column("prefix_labels").to_pylist()
+            for q, t, p in zip(qids, tix, pref, strict=True):
+                seen += 1
+                tid = index.key[(di, q, int(t))]
+                lab = p if mc is None else (mc[(q, int(t))][0] if (q, int(t)) in mc else None)
+                if lab is None:
+                    missing += 1
+                    continue
+                a, b = index.offsets[tid], index.offsets[tid + 1]
+                if len(lab) != b - a:
+                    raise HarvestError(f"{d}: trace {q}/{t} has {len(lab)} {labels} labels for {b - a} boundaries: "
+                                       "re-run the harvest")
+                out[a:b] = lab
+        if missing:
+            how = ("gambit-harvest writes prefix labels for toy questions only; re-harvest them with a current "
+                   "gambit-harvest" if labels == "prefix" else "rerun gambit-harvest on it with --mc-labels K")
+            raise HarvestError(f"harvest {str(d)!r} has no {labels} labels for {missing} of its {seen} traces: {how}")
+    have = out[out >= 0]
+    if not (have == 0).any() or not (have == 1).any():
+        raise HarvestError(f"every {labels} label in {', '.join(map(str, index.dirs))} is "
+                           f"{int(have[0]) if len(have) else 'missing'}: a scorer needs both classes")
     return out

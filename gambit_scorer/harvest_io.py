@@ -12,7 +12,12 @@ REFERENCE.md "Thought"): its position in ``token_ids``, the policy model's final
 state there (``hidden_states``: float16 bytes of a C-contiguous [n_boundaries, hidden_size]
 array, see :func:`encode_states`), and the thought's token confidence (``conf_mean``,
 ``conf_min``: mean and minimum log-probability of the sampled tokens of the thought that
-ends at that boundary).
+ends at that boundary). Optional per-boundary process labels: ``prefix_labels`` (the toy
+world's exact "still clean" labels, :mod:`data_pipelines.toy.steps`; null for other
+datasets and for harvests written before the column existed: readers see null either way)
+and, in ``mc/shard-*.parquet`` beside each data shard, Monte-Carlo labels (``MC_SCHEMA``:
+``mc_labels`` 1 when one of ``mc_hits``' k continuations from that boundary reached the gold
+answer, -1 where the boundary was not labelled; :func:`read_mc_labels`).
 
 The writer imports the column names and :data:`HARVEST_SCHEMA` from here; readers use
 :func:`read_manifest` and :func:`iter_traces` (streaming, a record batch at a time).
@@ -62,6 +67,20 @@ HARVEST_SCHEMA = pa.schema(
         pa.field("conf_mean", pa.list_(pa.float32()), nullable=False),
         pa.field("conf_min", pa.list_(pa.float32()), nullable=False),
         pa.field("n_tokens", pa.int32(), nullable=False),
+        # per boundary 1 (the prefix is still clean) / 0; null: not known for this trace
+        pa.field("prefix_labels", pa.list_(pa.int8()), nullable=True),
+    ]
+)
+MC_DIR = "mc"
+MC_CONFIG_NAME = "mc_config.json"
+MC_SCHEMA = pa.schema(
+    [
+        pa.field("question_id", pa.string(), nullable=False),
+        pa.field("trace_index", pa.int32(), nullable=False),
+        # per boundary: 1 if any of the k continuations reached gold, 0 if none, -1 not labelled
+        pa.field("mc_labels", pa.list_(pa.int8()), nullable=False),
+        # per boundary: how many of the k continuations reached gold (-1: not labelled)
+        pa.field("mc_hits", pa.list_(pa.int16()), nullable=False),
     ]
 )
 COLUMNS: tuple[str, ...] = tuple(HARVEST_SCHEMA.names)
@@ -121,6 +140,8 @@ class HarvestTrace:
     conf_min: np.ndarray | None = None
     """float32 [n_boundaries]."""
     n_tokens: int | None = None
+    prefix_labels: list[int] | None = None
+    """Per boundary 1/0: the prefix is still clean (toy harvests); None where unknown."""
 
     @property
     def n_boundaries(self) -> int:
@@ -135,6 +156,8 @@ class HarvestTrace:
         row["hidden_states"] = encode_states(self.hidden_states)
         for k in ("conf_mean", "conf_min"):
             row[k] = np.asarray(row[k], dtype=np.float32).tolist()
+        if row["prefix_labels"] is not None:
+            row["prefix_labels"] = [int(x) for x in row["prefix_labels"]]
         return row
 
 
@@ -189,7 +212,8 @@ def _dataset(path: str | Path):
         raise HarvestError(
             f"harvest {str(path)!r} has no {DATA_DIR}/{SHARD_GLOB} files: the harvest is empty or unfinished"
         )
-    return pads.dataset([str(f) for f in files], format="parquet")
+    # the schema given: a shard written before an optional column existed reads it as null
+    return pads.dataset([str(f) for f in files], format="parquet", schema=HARVEST_SCHEMA)
 
 
 def iter_batches(
@@ -223,6 +247,8 @@ def batch_to_traces(batch: pa.RecordBatch, hidden_size: int) -> list[HarvestTrac
             cols[name] = list_column(arr, np.float32)
         elif name in ("token_ids", "boundary_positions"):
             cols[name] = [a.tolist() for a in list_column(arr, np.int64)]
+        elif name == "prefix_labels":
+            cols[name] = arr.to_pylist()
         else:
             cols[name] = arr.to_pylist()
     return [HarvestTrace(**{k: v[i] for k, v in cols.items()}) for i in range(batch.num_rows)]
@@ -240,3 +266,36 @@ def iter_traces(
 def count_rows(path: str | Path) -> int:
     """Number of traces in a harvest (from parquet metadata, no data read)."""
     return _dataset(path).count_rows()
+
+
+# ----------------------------------------------------------------------------- MC labels
+
+
+def mc_shard_path(data_shard: str | Path) -> Path:
+    """Where the Monte-Carlo labels of ``<harvest>/data/shard-N.parquet`` live:
+    ``<harvest>/mc/shard-N.parquet``."""
+    p = Path(data_shard)
+    return p.parent.parent / MC_DIR / p.name if p.parent.name == DATA_DIR else p.parent / MC_DIR / p.name
+
+
+def read_mc_labels(path: str | Path) -> dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]:
+    """{(question_id, trace_index): (mc_labels int8, mc_hits int16)} over every shard of a
+    harvest; :class:`HarvestError` naming how many shards lack them when any does."""
+    import pyarrow.parquet as pq
+
+    files = shard_paths(path)
+    missing = [f for f in files if not mc_shard_path(f).exists()]
+    if missing or not files:
+        raise HarvestError(
+            f"harvest {str(path)!r} has Monte-Carlo labels for {len(files) - len(missing)} of "
+            f"{len(files)} shards: run gambit-harvest on it with --mc-labels K (resumable)"
+        )
+    out: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
+    for f in files:
+        t = pq.read_table(mc_shard_path(f), schema=MC_SCHEMA)
+        labels = list_column(t.column("mc_labels"), np.int8)
+        hits = list_column(t.column("mc_hits"), np.int16)
+        for q, i, lab, h in zip(t.column("question_id").to_pylist(), t.column("trace_index").to_pylist(),
+                                labels, hits, strict=True):
+            out[(q, int(i))] = (lab, h)
+    return out

@@ -355,6 +355,14 @@ class SeqKind(ScorerKind):
         return stream_trace_batches(ds, chunks, rng, tail)
 
     def loss(self, logits, batch, pos_weight, loss_position):
+        if "y_step" in batch:  # process labels: every labelled position, per-trace mean
+            m = batch["y_step_mask"].to(logits.dtype)
+            per = F.binary_cross_entropy_with_logits(
+                logits, batch["y_step"], pos_weight=pos_weight, reduction="none"
+            )
+            n = m.sum(1)
+            has = n > 0
+            return ((per * m).sum(1)[has] / n[has]).mean() if bool(has.any()) else (logits * 0).sum()
         y = batch["y"]
         if loss_position == "last":
             last = logits[torch.arange(len(y), device=logits.device), batch["lengths"] - 1]
@@ -466,6 +474,12 @@ class MLPKind(ScorerKind):
         return stream_step_batches(ds, chunks, rng, tail)
 
     def loss(self, logits, batch, pos_weight, loss_position):
+        if "y_step" in batch:  # process labels: the labelled steps only
+            m = batch["y_step_mask"].to(logits.dtype)
+            per = F.binary_cross_entropy_with_logits(
+                logits, batch["y_step"], pos_weight=pos_weight, reduction="none"
+            )
+            return (per * m).sum() / m.sum().clamp(min=1.0)
         return F.binary_cross_entropy_with_logits(logits, batch["y"], pos_weight=pos_weight)
 
     def val_records(self, batch, prob):

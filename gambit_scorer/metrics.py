@@ -18,6 +18,11 @@ sequence scorer. Reported:
   pooled ``trace_auroc`` when fewer than ``min_wq_questions`` questions have both outcomes)
   and F1 = ``trace_f1`` at threshold 0.5.
 
+- :func:`auroc_by_depth` (held-out reports, ``gambit_scorer.evaluate``): within-question
+  AUROC of the prefix score at each depth (boundary index), traces of one question at one
+  depth ranked against each other, averaged over the (question, depth) groups of a depth
+  bucket; against the trace's outcome or a per-boundary process label.
+
 AUPRC, F1 and Brier come from scikit-learn; pooled AUROC too. The many small AUROCs
 (per question, per step index) use :func:`auroc`, the same statistic from ranks (tested
 equal to ``roc_auc_score``), because sklearn's per-call input validation dominated.
@@ -88,6 +93,44 @@ def within_question_auroc(question: np.ndarray, y: np.ndarray, s: np.ndarray) ->
         if 0 < y[idx].sum() < len(idx):
             vals.append(auroc(y[idx], s[idx]))
     return (float(np.mean(vals)) if vals else math.nan), len(vals)
+
+
+DEPTH_BUCKETS: tuple[tuple[int, int | None], ...] = (
+    (1, 2), (3, 4), (5, 6), (7, 8), (9, 12), (13, 16), (17, None))
+"""Boundary-index buckets (1-based, inclusive; None: no upper end) of :func:`auroc_by_depth`."""
+
+
+def bucket_name(lo: int, hi: int | None) -> str:
+    return f"{lo}+" if hi is None else (str(lo) if lo == hi else f"{lo}-{hi}")
+
+
+def auroc_by_depth(
+    question: np.ndarray,
+    depth: np.ndarray,
+    score: np.ndarray,
+    label: np.ndarray,
+    buckets: tuple[tuple[int, int | None], ...] = DEPTH_BUCKETS,
+) -> dict[str, dict]:
+    """Per depth bucket: the mean over (question, depth) groups with both labels of the AUROC
+    of ``score`` against ``label`` among that group's records (one per trace that reached
+    that depth), with the number of such groups and of records. Records with ``label < 0``
+    (a boundary without a process label) are left out. Buckets without a group: absent."""
+    question, depth = np.asarray(question), np.asarray(depth, dtype=np.int64)
+    score, label = np.asarray(score, dtype=np.float64), np.asarray(label).astype(int)
+    keep = label >= 0
+    question, depth, score, label = question[keep], depth[keep], score[keep], label[keep]
+    _, qi = np.unique(question, return_inverse=True)
+    group = qi.astype(np.int64) * (int(depth.max(initial=0)) + 1) + depth
+    out = {}
+    for lo, hi in buckets:
+        at = (depth >= lo) & (depth <= (hi if hi is not None else np.iinfo(np.int64).max))
+        if not at.any():
+            continue
+        wq, n = within_question_auroc(group[at], label[at], score[at])
+        if n:
+            out[bucket_name(lo, hi)] = {"auroc_wq": wq, "n_groups": n, "n": int(at.sum()),
+                                        "pos_rate": float(label[at].mean())}
+    return out
 
 
 def trace_scores_so_far(

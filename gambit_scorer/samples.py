@@ -47,11 +47,19 @@ class _Featurizer:
         )
 
 
+def _step_labels(index: Any, a: int, b: int) -> np.ndarray | None:
+    """The per-boundary labels of state rows a:b (None when training on outcomes)."""
+    sl = getattr(index, "step_label", None)
+    return None if sl is None else sl[a:b]
+
+
 def _seq_batch(items, featurize: _Featurizer, max_len: int) -> dict[str, torch.Tensor]:
-    """items: (states [n, d], conf [n, 2], label, trace id, question, first step index) -> padded batch."""
+    """items: (states [n, d], conf [n, 2], label, trace id, question, first step index, per-step
+    labels [n] or None) -> padded batch (+ ``y_step`` [B, T] and ``y_step_mask`` with step labels)."""
     items = [
-        (s[-max_len:], c[-max_len:], y, t, q, step0 + max(0, len(s) - max_len))
-        for s, c, y, t, q, step0 in items
+        (s[-max_len:], c[-max_len:], y, t, q, step0 + max(0, len(s) - max_len),
+         None if ys is None else ys[-max_len:])
+        for s, c, y, t, q, step0, ys in items
     ]
     T = max(len(s) for s, *_ in items)
     B = len(items)
@@ -60,14 +68,21 @@ def _seq_batch(items, featurize: _Featurizer, max_len: int) -> dict[str, torch.T
     conf = np.zeros((B, T, 2), np.float32)
     mask = np.zeros((B, T), bool)
     step = np.zeros((B, T), np.int64)
-    for i, (s, c, _, _, _, s0) in enumerate(items):
+    for i, (s, c, _, _, _, s0, _) in enumerate(items):
         n = len(s)
         states[i, :n], conf[i, :n], mask[i, :n] = s, c, True
         step[i, :n] = np.arange(s0, s0 + n)
     x = featurize(states, conf)
     m = torch.from_numpy(mask)
     x[~m] = 0.0
-    return {
+    extra = {}
+    if items[0][6] is not None:
+        ys = np.full((B, T), -1, np.int8)
+        for i, it in enumerate(items):
+            ys[i, : len(it[6])] = it[6]
+        extra = {"y_step": torch.from_numpy(np.maximum(ys, 0).astype(np.float32)),
+                 "y_step_mask": torch.from_numpy(ys >= 0) & m}
+    return extra | {
         "x": x,
         "mask": m,
         "lengths": m.sum(1),
@@ -79,8 +94,14 @@ def _seq_batch(items, featurize: _Featurizer, max_len: int) -> dict[str, torch.T
 
 
 def _step_batch(index: Any, featurize: _Featurizer, S, C, T, K) -> dict[str, torch.Tensor]:
-    """Step samples -> a batch: states S [n, d], conf C [n, 2], trace ids T [n], 1-based steps K [n]."""
-    return {
+    """Step samples -> a batch: states S [n, d], conf C [n, 2], trace ids T [n], 1-based steps K [n]
+    (+ ``y_step`` and ``y_step_mask`` when the index has per-boundary labels)."""
+    extra = {}
+    if getattr(index, "step_label", None) is not None:
+        ys = index.step_label[index.offsets[T] + K - 1]
+        extra = {"y_step": torch.from_numpy(np.maximum(ys, 0).astype(np.float32)),
+                 "y_step_mask": torch.from_numpy(ys >= 0)}
+    return extra | {
         "x": featurize(S, C),
         "y": torch.from_numpy(index.label[T].astype(np.float32)),
         "trace": torch.from_numpy(T.astype(np.int64)),
@@ -131,7 +152,8 @@ class TraceDataset(Dataset):
         items = []
         for t in self.traces[np.asarray(idx)]:
             a, b = ix.offsets[t], ix.offsets[t + 1]
-            items.append((self.states[a:b], ix.conf[a:b], ix.label[t], int(t), int(ix.qidx[t]), 1))
+            items.append((self.states[a:b], ix.conf[a:b], ix.label[t], int(t), int(ix.qidx[t]), 1,
+                          _step_labels(ix, a, b)))
         return _seq_batch(items, self.featurize, self.max_len)
 
     def __getitem__(self, i: int):
@@ -170,7 +192,8 @@ def stream_trace_batches(ds: Any, chunks: Iterable[list], rng, tail: bool):
     carry: list = []
     for chunk in chunks:
         items = [
-            (s, ix.conf[ix.offsets[t] : ix.offsets[t + 1]], ix.label[t], t, int(ix.qidx[t]), 1)
+            (s, ix.conf[ix.offsets[t] : ix.offsets[t + 1]], ix.label[t], t, int(ix.qidx[t]), 1,
+             _step_labels(ix, ix.offsets[t], ix.offsets[t + 1]))
             for t, s in chunk
         ]
         items = carry + items

@@ -65,6 +65,11 @@ def check_config(cfg) -> None:
     except ValueError as e:
         raise ValueError(f"{e} (data.features={'|'.join(FEATURE_SETS)})") from None
     kind.resolve_loss_position(OmegaConf.select(cfg, "scorer.loss_position"))
+    from gambit_scorer.harvest_index import LABEL_KINDS
+
+    labels = OmegaConf.select(cfg, "data.labels", default="outcome")
+    if labels not in LABEL_KINDS:
+        raise ValueError(f"data.labels={labels!r}: choose one of {'|'.join(LABEL_KINDS)}")
 
 
 def _run_dir(cfg) -> Path:
@@ -144,10 +149,13 @@ def train(cfg) -> dict:
         shuffle_buffer=d.shuffle_buffer,
         read_batch_size=d.read_batch_size,
         max_len=int(cfg.scorer.model.get("max_len", 4096)),
+        labels=d.get("labels") or "outcome",
     )
     dm.setup("fit")
     model = kind.build(dm.input_size, **OmegaConf.to_container(cfg.scorer.model, resolve=True))
     loss_position = kind.resolve_loss_position(cfg.scorer.get("loss_position"))
+    if dm.labels != "outcome" and loss_position is not None:
+        loss_position = "every"  # process labels: the Seq loss is at every labelled position
     module = ScorerModule(
         model,
         kind,
@@ -189,6 +197,7 @@ def train(cfg) -> dict:
         "ckpt_path": str(run_dir / cfg.export.filename),
         "kind": kind.name,
         "features": list(dm.features),
+        "labels": dm.labels,
         "loss_position": loss_position,
         "best_epoch": module.best_epoch,
         "epochs": trainer.current_epoch,
@@ -218,6 +227,7 @@ def train(cfg) -> dict:
                 "harvest": result["data"]["harvest"],
                 "harvest_model_hashes": [h.get("model_hash") for h in dm.index.manifests],
                 "sampling": m.get("sampling"),
+                "labels": dm.labels,
             },
         )
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

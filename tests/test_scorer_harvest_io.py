@@ -28,8 +28,10 @@ def test_schema_columns_and_types():
         "conf_mean",
         "conf_min",
         "n_tokens",
+        "prefix_labels",
     )
     s = hio.HARVEST_SCHEMA
+    assert s.field("prefix_labels").type == pa.list_(pa.int8()) and s.field("prefix_labels").nullable
     assert s.field("trace_index").type == pa.int32()
     assert s.field("token_ids").type == pa.list_(pa.int32())
     assert s.field("boundary_positions").type == pa.list_(pa.int32())
@@ -38,6 +40,19 @@ def test_schema_columns_and_types():
         s.field("hidden_states").type
     )
     assert s.field("answer").nullable and not s.field("correct").nullable
+
+
+def test_a_shard_written_before_prefix_labels_reads_them_as_null(tmp_path):
+    traces = make_traces(n_questions=3, traces_per_question=2, hidden_size=8, seed=2)
+    from scorer_synth import write_harvest
+
+    write_harvest(tmp_path / "h", traces, hidden_size=8, n_shards=1)
+    f = tmp_path / "h" / "data" / "shard-00000.parquet"
+    old = pq.read_table(f).drop(["prefix_labels"])  # the schema of older harvests
+    pq.write_table(old, f)
+    got = list(hio.iter_traces(tmp_path / "h"))
+    assert len(got) == 6 and all(t.prefix_labels is None for t in got)
+    assert all(t.hidden_states.shape[1] == 8 for t in got)
 
 
 def test_encode_decode_roundtrip():
