@@ -147,28 +147,31 @@ class _Stream:
     out: list[ToyQuestion] = field(default_factory=list)
 
 
-_STREAMS: dict[tuple[str, int, ToyHardConfig], _Stream] = {}
+_STREAMS: dict[tuple[str, str, int, ToyHardConfig], _Stream] = {}
 
 
 def draw_hard_questions(
-    split: str, n: int, seed: int = 0, cfg: ToyHardConfig = ToyHardConfig()
+    split: str, n: int, seed: int = 0, cfg: ToyHardConfig = ToyHardConfig(),
+    stream: str = "toy-hard",
 ) -> list[ToyQuestion]:
     """``n`` distinct hard questions of ``split`` (``val`` or ``test``), deterministic in ``seed``
-    (the first ``n`` of the stream ``toy-hard-<split>-<seed>``; a fresh list every call).
+    (the first ``n`` of the stream ``<stream>-<split>-<seed>``; a fresh list every call).
+    ``stream`` names the random stream (``toy-clean`` draws its stratum from its own).
 
     Raises:
         ValueError: an unknown or refused split, ``n < 1``, or too few qualifying questions.
     """
     if split not in HARD_SPLITS:
         raise ValueError(
-            f"unknown toy-hard split {split!r}: expected one of {', '.join(HARD_SPLITS)}"
-            + (" (toy-hard is for evaluation; train on toy:train)" if split == "train" else "")
+            f"unknown {stream} split {split!r}: expected one of {', '.join(HARD_SPLITS)}"
+            + (f" ({stream} is for evaluation; train on toy:train)" if split == "train" else "")
         )
     if n <= 0:
-        raise ValueError(f"need a positive number of toy-hard questions, got {n}")
-    st = _STREAMS.get((split, seed, cfg))
+        raise ValueError(f"need a positive number of {stream} questions, got {n}")
+    st = _STREAMS.get((stream, split, seed, cfg))
     if st is None:
-        st = _STREAMS[(split, seed, cfg)] = _Stream(random.Random(f"toy-hard-{split}-{seed}"))
+        st = _STREAMS[(stream, split, seed, cfg)] = _Stream(
+            random.Random(f"{stream}-{split}-{seed}"))
     task = cfg.task
     for _ in range((n - len(st.out)) * _MAX_DRAWS_PER_QUESTION):
         if len(st.out) >= n:
@@ -179,7 +182,7 @@ def draw_hard_questions(
         st.seen.add(q.text)
         st.out.append(q)
     if len(st.out) < n:
-        raise ValueError(f"found only {len(st.out)} of {n} toy-hard {split} questions under {cfg}")
+        raise ValueError(f"found only {len(st.out)} of {n} {stream} {split} questions under {cfg}")
     return st.out[:n]
 
 
