@@ -94,28 +94,33 @@ def test_overlong_prompt_fails_that_question_only(tmp_path):
 
 
 def test_kill_9_then_rerun_finishes_every_question_exactly_once(tmp_path):
-    """A real subprocess is killed mid-run; the same command then completes the harvest."""
+    """A real subprocess is killed mid-run; the same command then completes the harvest.
+
+    The fake engine writes a shard in a few milliseconds, so the run is 200 shards long:
+    a kill after the third lands well before the last on any machine (40 questions was
+    short enough for a fast CI box to finish between two polls)."""
     out = tmp_path / "h"
+    n_q, n_shards = 400, 200
     args = [sys.executable, "-m", "data_pipelines.harvest", "--out", str(out), "--engine", "fake",
-            "--dataset", "toy:train:40", "--n", "8", "--questions-per-shard", "2", "--max-tokens", "200"]
+            "--dataset", f"toy:train:{n_q}", "--n", "8", "--questions-per-shard", "2", "--max-tokens", "200"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and len(list(out.glob("data/shard-*.parquet"))) < 3:
-        time.sleep(0.05)
+        time.sleep(0.005)
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     n_before = len(list(out.glob("data/shard-*.parquet")))
-    assert 0 < n_before < 20, "kill landed before the first or after the last shard"
+    assert 0 < n_before < n_shards, "kill landed before the first or after the last shard"
     assert not (out / "manifest.json").exists()
     subprocess.run(args, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     m = read_manifest(out)
-    assert m["counts"]["questions"] == 40 and m["counts"]["traces"] == 320
+    assert m["counts"]["questions"] == n_q and m["counts"]["traces"] == 8 * n_q
     rows = _rows(out)
-    assert sorted({q for q, _ in rows}) == sorted(f"toy-train-0-{i}" for i in range(40))
+    assert sorted({q for q, _ in rows}) == sorted(f"toy-train-0-{i}" for i in range(n_q))
     assert not list(out.glob("data/*.tmp"))
     # identical to an uninterrupted run
-    harvest(cfg(tmp_path / "clean", dataset="toy:train:40", n=8, questions_per_shard=2, max_tokens=200))
+    harvest(cfg(tmp_path / "clean", dataset=f"toy:train:{n_q}", n=8, questions_per_shard=2, max_tokens=200))
     assert rows == _rows(tmp_path / "clean")
 
 

@@ -245,7 +245,8 @@ def test_the_toy_world_is_registered_through_entry_points() -> None:
 
     srcs = generated_sources()
     assert srcs["toy"].splits == SPLITS and srcs["toy-hard"].splits == HARD_SPLITS
-    with pytest.raises(DatasetError, match="unknown dataset source 'toyz'.*toy, toy-hard"):
+    assert srcs["toy-clean"].splits == HARD_SPLITS
+    with pytest.raises(DatasetError, match="unknown dataset source 'toyz'.*toy, toy-clean, toy-hard"):
         load_questions("toyz:test:3")
 
 
@@ -259,7 +260,7 @@ def test_a_source_tree_that_is_not_installed_reads_its_entry_points_from_pyproje
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda **kw: [])
     qm.generated_sources.cache_clear()
     try:
-        assert set(qm.generated_sources()) == {"toy", "toy-hard"}
+        assert set(qm.generated_sources()) == {"toy", "toy-clean", "toy-hard"}
         assert len(load_questions("toy:test:3")) == 3
     finally:
         qm.generated_sources.cache_clear()
