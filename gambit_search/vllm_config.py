@@ -93,7 +93,7 @@ class VLLMEngineConfig:
     gather per step in the worker) for :meth:`VLLMEngine.sampled_logprobs`: the cheap way to
     the sampled token's log-prob. ``SamplingSpec.logprobs=0`` gets the same values through
     vLLM's per-request logprob path, which cost a harvest 10-35 % of its throughput
-    (docs/BENCHMARKS.md). Needs ``capture_hidden``."""
+    (docs/results/LOG.md). Needs ``capture_hidden``."""
     scorer: str | None = None
     """A scorer checkpoint (``ckpt.pt``, on the hidden state alone) to score boundaries with
     inside the vLLM worker, on the model's device, right after the capture: each

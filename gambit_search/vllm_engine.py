@@ -40,9 +40,9 @@ How each operation maps onto vLLM:
 
 Throughput: with ``stream_interval=1`` (default) vLLM builds one output per trace per step;
 ``stream_interval=8`` delivers tokens in batches and brings the adapter to >= 0.97 of plain
-``LLM.generate`` on CPU (docs/BENCHMARKS.md, "Engine adapter"). vLLM 0.26 has no
+``LLM.generate`` on CPU (docs/results/LOG.md, "Engine adapter"). vLLM 0.26 has no
 ``stream_interval`` (ignored there, one warning); on the H200 the adapter ran at 0.78-0.89 of
-plain generate (docs/BENCHMARKS.md, "GPU (H200)").
+plain generate (docs/results/LOG.md, "GPU (H200)").
 
 Dying with the driver: vLLM's processes end when the driver does, even on ``kill -9``
 (:mod:`gambit_search._reaper`; started by :mod:`gambit_search.vllm_runtime`).

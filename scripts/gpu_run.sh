@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU run of the engine adapter on the lent H200 (stock vLLM 0.26.0, Model Runner V2):
-# the `gpu`-marked tests, then the GPU benchmarks. docs/BENCHMARKS.md ("GPU (H200)") has the
+# the `gpu`-marked tests, then the GPU benchmarks. docs/RESULTS.md ("GPU tests") has the
 # results and the exact device commands. Repeat it whenever the adapter changes.
 #
 # Here, once: build the kit (../shared/gpu/README.md) and bundle it with the wheels the H200

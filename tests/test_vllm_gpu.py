@@ -3,7 +3,7 @@ with transformers in fp32 and bf16, forks through the prefix cache, evict and re
 sampled log-probs, many questions at once.
 
 Marked ``gpu``; skipped without CUDA (CI never has one: the CPU suite is the gate). Run on
-the lent H200 by ``scripts/gpu_run.sh`` (docs/BENCHMARKS.md, "GPU (H200)"); repeat it
+the lent H200 by ``scripts/gpu_run.sh`` (docs/RESULTS.md, "GPU tests"); repeat it
 whenever ``gambit_search/_vllm_internals/`` or the engine's modules (``vllm_engine.py``,
 ``vllm_runtime.py``, ``vllm_delivery.py``) change.
 ``GAMBIT_GPU_TESTS_ON_CPU=1`` runs the fp32 part on vLLM-CPU (MRV1) to check the tests
@@ -269,7 +269,7 @@ def test_mrv2_sampled_logprobs(eng, toy_hf_model):
         assert worst_vllm <= 1e-3
     # 0.26.0 (H200): its logprobs=0 path delivered 79 values for 80 tokens, off from
     # transformers by up to 0.24 in either alignment, while the hook's agree to 1.3e-3:
-    # recorded in the results, not asserted (docs/BENCHMARKS.md, "GPU (H200)")
+    # recorded in the results, not asserted (docs/RESULTS.md, "GPU tests")
 
 
 def test_mrv2_many_questions_at_once(eng):

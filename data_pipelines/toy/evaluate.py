@@ -1,6 +1,6 @@
 """Measure the toy policy: accuracy, vote gap, first slips, probe AUROC, branching.
 
-What it measures (the toy policy's acceptance numbers, docs/BENCHMARKS.md "Toy policy"; written to a JSON report):
+What it measures (the toy policy's acceptance numbers, docs/RESULTS.md "Toy policy"; written to a JSON report):
 
 - per-trace accuracy, pass@n and majority@n over held-out test questions;
 - where mistakes begin (distribution of the first wrong operation);

@@ -18,7 +18,7 @@ from gambit_search.tournament import Tournament, TournamentConfig
 @dataclass(frozen=True)
 class GambitParams:
     """Gambit's flags (``--capacity``, ``--swap`` ...). Defaults: chosen on toy:val at N = 64
-    (docs/BENCHMARKS.md, "Equal budgets"); the paper's for real reasoning models in
+    (docs/RESULTS.md, "Accuracy at equal budgets"); the paper's for real reasoning models in
     brackets."""
 
     capacity: int | None = 32
