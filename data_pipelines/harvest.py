@@ -52,19 +52,19 @@ from gambit_core.runio import (
     versions,
 )
 from gambit_core.sampling import SamplingConfig
+from gambit_search.engines import EngineSettings
 
-DEFAULT_MODEL = str(Path(__file__).resolve().parents[1] / "checkpoints" / "toy-policy")
+DEFAULT_MODEL = EngineSettings.model
 CONFIG_NAME = "harvest_config.json"
 
 
 @dataclass(kw_only=True)
-class HarvestConfig(SamplingConfig):
-    """One harvest run (the sampling fields: :class:`gambit_core.sampling.SamplingConfig`)."""
+class HarvestConfig(SamplingConfig, EngineSettings):
+    """One harvest run (the sampling fields: :class:`gambit_core.sampling.SamplingConfig`;
+    the engine's: :class:`gambit_search.engines.EngineSettings`)."""
 
     out: str = field(metadata=RUN_ONLY)
     """Output directory (created; resumed when it holds a harvest of the same config)."""
-    model: str = DEFAULT_MODEL
-    """Policy model directory or Hugging Face name (offline)."""
     dataset: str = "toy:train:300"
     """Questions: JSONL path, local HF dataset, or toy:<split>[:count]."""
     n: int = 16
@@ -75,12 +75,6 @@ class HarvestConfig(SamplingConfig):
     """Use only the first N questions."""
     questions_per_shard: int = 16
     """Questions per output shard (the unit of crash recovery)."""
-    max_live: int = field(default=256, metadata=RUN_ONLY)
-    """Most traces live in the engine at once (vLLM's max_num_seqs)."""
-    kv_cache: float = field(default=1.0, metadata=RUN_ONLY)
-    """KV-cache size in GiB."""
-    engine: str = "vllm"
-    """'vllm', or 'fake' (scripted engine: tests and dry runs)."""
     mc_labels: int = field(default=0, metadata=RUN_ONLY)
     """Monte-Carlo labels: continuations forked per labelled boundary (0: off). Pinned for the
     directory in mc/mc_config.json, not in the harvest's config: a finished harvest can get them."""
@@ -104,13 +98,11 @@ class HarvestConfig(SamplingConfig):
 
 def _make_engine(cfg: HarvestConfig):
     """(engine, boundary ids), from the engine registry."""
-    from gambit_search.engines import EngineSettings, get_engine_kind
+    from gambit_search.engines import get_engine_kind
 
     kind = get_engine_kind(cfg.engine)
-    eng = kind.start(EngineSettings(
-        model=cfg.model, max_live=cfg.max_live, seed=cfg.seed, kv_cache=cfg.kv_cache,
-        confidence=True, extra={"dtype": "auto",
-                                "log_stats": False}))
+    eng = kind.start(cfg.engine_settings(seed=cfg.seed, confidence=True,
+                                         extra={"log_stats": False}))
     return eng, sorted(getattr(eng, "boundary_ids", None) or kind.facts(cfg.model).boundary_ids)
 
 
@@ -277,8 +269,13 @@ def _write_shard(out: Path, chunk: int, rows: list[dict]) -> None:
 # ---------------------------------------------------------------- driver
 
 
+RESUMABLE_ACROSS = ("max_live", "kv_cache")
+"""Engine settings a resume may change: SC's traces do not depend on the engine's capacity
+(each trace's seed is its own)."""
+
+
 def _check_config(out: Path, cfg: HarvestConfig, ident: dict) -> None:
-    want = fingerprint(cfg) | ident
+    want = {k: v for k, v in fingerprint(cfg).items() if k not in RESUMABLE_ACROSS} | ident
     claim_dir(out, CONFIG_NAME, want, what="harvest")
 
 
@@ -340,7 +337,7 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
     cfg.check_sampling()
     if cfg.mc_labels < 0 or (cfg.mc_max_forks is not None and cfg.mc_max_forks < 0):
         raise InputError(f"--mc-labels and --mc-max-forks must be >= 0, got {cfg.mc_labels}, {cfg.mc_max_forks}")
-    for name in ("n", "questions_per_shard", "max_live", "mc_every"):
+    for name in ("n", "questions_per_shard", "mc_every"):
         if getattr(cfg, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
@@ -429,7 +426,8 @@ def _write_manifest(out: Path, cfg: HarvestConfig, m_hash: str, t_hash: str, n_q
     if not engine_meta:
         raise RuntimeError(f"{out}: no engine-*.json: the harvest did not finish a shard here")
     failed = [x for p in sorted(out.glob("failed-*.json")) for x in json.loads(p.read_text())]
-    cfgd = asdict(cfg)
+    flags = cfg.__dataclass_fields__
+    cfgd = {k: v for k, v in asdict(cfg).items() if flags[k].metadata.get("flag") is not False}
     manifest = {
         "model": cfg.model, "model_hash": m_hash, "tokenizer_hash": t_hash,
         "hidden_size": engine_meta[0]["hidden_size"], "boundary_token_ids": engine_meta[0]["boundary_token_ids"],

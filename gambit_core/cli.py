@@ -8,6 +8,7 @@ argparse options built from a config dataclass, each field's docstring as its he
 
 - ``--field-name VALUE`` for every int, float and str field (``X | None`` included);
 - ``--flag`` / ``--no-flag`` for every bool field;
+- a field whose metadata says ``"flag": False`` gets no option (one the application sets);
 - a field of a base class (the sampling fields of :class:`gambit_core.sampling.SamplingConfig`,
   say) is documented once, where it is declared;
 - :func:`input_errors` turns :class:`~gambit_core.errors.InputError` into one line on stderr
@@ -77,7 +78,7 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls: type, *, required: Itera
     """
     docs, hints = field_docs(cls), typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if f.name in skip or not f.init:
+        if f.name in skip or not f.init or f.metadata.get("flag") is False:
             continue
         typ = _scalar_type(hints.get(f.name, str))
         if typ not in (int, float, str, bool):

@@ -42,13 +42,16 @@ from typing import Any
 
 from gambit_core.errors import InputError
 from gambit_search.bench_tables import aggregate, markdown, run_metrics
+from gambit_search.engines import EngineSettings
+from gambit_search.solve.config import setting_names
 
 PROG = "gambit-bench"
 
 
-@dataclass
-class BenchConfig:
-    """One harness run (every other gambit-solve setting keeps its default unless --set)."""
+@dataclass(kw_only=True)
+class BenchConfig(EngineSettings):
+    """One harness run on one engine (:class:`~gambit_search.engines.EngineSettings`; every
+    other gambit-solve setting keeps its default unless --set)."""
 
     out: str
     """Output directory (resumable)."""
@@ -65,23 +68,15 @@ class BenchConfig:
     capacity_rule: str = "half"
     """C and K of a method with a capacity (Gambit) at each N, unless ``--set`` gives them:
     "half" (C = min(C0, N/2), K = max(1, K0 * C / C0), with gambit-solve's defaults C0 and
-    K0: its defaults wherever N >= 2 C0, the issue-29 setting below) or "solve" (gambit-solve's
+    K0: its defaults wherever N >= 2 C0) or "solve" (gambit-solve's
     defaults at every N; C is at most N). A method whose ``--set`` names C or K gets neither
     from the rule (they are checked together: C >= 2K)."""
-    model: str | None = None
-    """Policy model (default: gambit-solve's, the shipped toy policy)."""
     scorer: str | None = None
     """Scorer checkpoint (default: gambit-solve's, the shipped SeqScorer)."""
-    kv_cache: float = 1.0
-    """KV-cache size in GiB (small values create memory pressure)."""
-    max_live: int = 256
-    """Global limit of live traces (also vLLM's max_num_seqs)."""
     max_questions: int | None = None
     """Use only the first N questions of each dataset."""
     config: str | None = None
     """A YAML or JSON file with any of these keys (and ``set``: {method: {param: value}})."""
-    engine: str = "vllm"
-    """"vllm", or "fake" (the scripted engine: tests and dry runs)."""
 
 
 BenchInputError = InputError
@@ -165,7 +160,7 @@ def load_config(cfg: BenchConfig, sets: dict, given: set[str] | None = None
     if not isinstance(data, dict):
         raise InputError(f"{cfg.config}: expected a mapping of settings")
     file_sets = data.pop("set", {}) or {}
-    known = {f.name for f in fields(BenchConfig)}
+    known = setting_names(BenchConfig)
     unknown = sorted(set(data) - known)
     if unknown:
         raise InputError(f"{cfg.config}: unknown keys {unknown} (known: {sorted(known)})")
@@ -218,11 +213,9 @@ def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
     for m in sets:
         if m not in methods:
             raise InputError(f"--set names method {m!r}, which is not in --methods")
-    solve_fields = {f.name for f in fields(SolveConfig)} - {"params"}
-    base: dict[str, Any] = {"kv_cache": cfg.kv_cache, "max_live": cfg.max_live,
-                            "max_questions": cfg.max_questions, "engine": cfg.engine}
-    if cfg.model:
-        base["model"] = cfg.model
+    solve_fields = setting_names(SolveConfig) - {"params"}
+    engine = {k: getattr(cfg, k) for k in setting_names(EngineSettings)}
+    base: dict[str, Any] = engine | {"max_questions": cfg.max_questions}
     if cfg.scorer:
         base["scorer"] = cfg.scorer
     own_params = {}
@@ -311,7 +304,8 @@ def bench(cfg: BenchConfig, sets: dict | None = None, *, engine: Any = None, dec
         if own:
             engine.close()
     table = aggregate(per_run)
-    res = {"config": {f.name: getattr(cfg, f.name) for f in fields(cfg)}, "set": sets,
+    res = {"config": {k: getattr(cfg, k) for k in sorted(setting_names(BenchConfig))},
+           "set": sets,
            "table": table, "runs": per_run}
     (out / "table.json").write_text(json.dumps(res, indent=1))
     (out / "table.md").write_text(markdown(table))

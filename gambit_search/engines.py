@@ -28,25 +28,48 @@ __all__ = ["ENGINES", "EngineKind", "EngineSettings", "ModelFacts", "engine_name
            "get_engine_kind"]
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True)
 class EngineSettings:
-    """What an application asks of an engine."""
+    """What an application asks of an engine, declared and checked here once: gambit-solve,
+    -serve, -bench and -harvest inherit these fields (``--engine --model --max-live
+    --kv-cache``), and :meth:`engine_settings` gives the plain settings an engine
+    kind starts from. The fields marked ``ask`` are not flags: the application sets them
+    from what its run needs (its seed, log-probabilities, a scorer inside the engine)."""
 
-    model: str
-    """Policy model directory or Hugging Face name (``fake``: ignored)."""
+    _ASK = {"ask": True, "flag": False, "fingerprint": False}
+
+    engine: str = "vllm"
+    """Engine: "vllm", or "fake" (the scripted engine: tests and dry runs)."""
+    model: str = str(Path(__file__).resolve().parents[1] / "checkpoints" / "toy-policy")
+    """Policy model directory or Hugging Face name, available offline (``fake``: ignored)."""
     max_live: int = 256
-    """Most traces scheduled at once (vLLM's max_num_seqs)."""
-    seed: int = 0
-    """Engine seed (traces carry their own)."""
+    """Most traces live in the engine at once (vLLM's max_num_seqs)."""
     kv_cache: float = 1.0
-    """KV-cache size in GiB."""
-    confidence: bool = False
+    """KV-cache size in GiB (small values create memory pressure)."""
+    seed: int = field(default=0, metadata=_ASK)
+    """Engine seed (traces carry their own; the applications pass their ``--seed``)."""
+    confidence: bool = field(default=False, metadata=_ASK)
     """Return the sampled tokens' log-probabilities (confidence features, DeepConf)."""
-    scorer: str | None = None
+    scorer: str | None = field(default=None, metadata=_ASK)
     """A scorer checkpoint to score boundaries with inside the engine, where the states are
     (kinds with ``scores_inside``; others ignore it)."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, metadata=_ASK)
     """Engine-specific overrides (``VLLMEngineConfig`` fields, e.g. ``stream_interval``)."""
+
+    def __post_init__(self) -> None:
+        get_engine_kind(self.engine)  # InputError naming the known engines
+        if self.max_live < 1:
+            raise InputError(f"--max-live must be >= 1, got {self.max_live}")
+        if self.kv_cache <= 0:
+            raise InputError(f"--kv-cache must be > 0 GiB, got {self.kv_cache}")
+
+    def engine_settings(self, **asks: Any) -> EngineSettings:
+        """The plain settings to start an engine with: this config's own (an application's
+        config inherits them; its ``scorer``, say, is the run's, not the engine's) plus
+        ``asks`` (``seed``, ``confidence``, ``scorer``, ``extra``)."""
+        own = {k: getattr(self, k) for k, f in EngineSettings.__dataclass_fields__.items()
+               if not f.metadata.get("ask")}
+        return EngineSettings(**own, **asks)
 
 
 @dataclass(frozen=True)

@@ -176,3 +176,17 @@ def test_one_question_prints_answer_votes_and_tree(fake_scorer):
     assert p.returncode == 0, p.stderr
     assert "answer:" in p.stdout and "votes" in p.stdout
     assert re.search(r"tree: \d+ nodes, \d+ branches, \d+ pruned, \d+ ghosts, \d+ completed", p.stdout)
+
+
+def test_dataset_summary_prints_the_search_diagnostics(tmp_path, fake_scorer):
+    p = _cli("--engine", "fake", "--scorer", fake_scorer, "--method", "gambit,sc", "--n", "6",
+             "--swap", "2", "--interval", "2", "--warmup", "4", "--dataset", "toy:val:3",
+             "--out", str(tmp_path / "run"))
+    assert p.returncode == 0, p.stderr
+    assert "search diagnostics" in p.stdout
+    for col in ("coverage", "correct/q", "distinct/q", "inherited", "depth mean", "depth max"):
+        assert col in p.stdout, col
+    gambit = next(line for line in p.stdout.splitlines()
+                  if line.strip("│┃ ").startswith("gambit") and "%" in line
+                  and line.count("%") == 2)  # the diagnostics row: coverage and inherited
+    assert re.search(r"\d+\.\d%.*\d+\.\d\d.*\d+\.\d\d.*\d+\.\d%.*\d+\.\d\d\D+\d+", gambit), gambit

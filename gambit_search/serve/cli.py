@@ -27,21 +27,21 @@ from typing import Any
 from gambit_core.errors import InputError
 from gambit_core.runio import RUN_ONLY
 from gambit_core.sampling import SamplingConfig
-from gambit_search.solve.config import DEFAULT_MODEL, DEFAULT_SCORER
+from gambit_search.engines import EngineSettings
+from gambit_search.solve.config import DEFAULT_SCORER
 
 PROG = "gambit-serve"
 
 
 @dataclass(kw_only=True)
-class ServeConfig(SamplingConfig):
-    """One gambit-serve process (the sampling fields are the defaults of every request)."""
+class ServeConfig(SamplingConfig, EngineSettings):
+    """One gambit-serve process (the sampling fields are the defaults of every request; the
+    engine's, :class:`~gambit_search.engines.EngineSettings`, hold per rank)."""
 
     host: str = "127.0.0.1"
     """Address to listen on."""
     port: int = 8000
     """Port to listen on."""
-    model: str = DEFAULT_MODEL
-    """Policy model directory or Hugging Face name (must be available offline)."""
     served_model_name: str | None = None
     """The model name /v1/models lists (default: the model directory's name)."""
     scorer: str = DEFAULT_SCORER
@@ -52,12 +52,6 @@ class ServeConfig(SamplingConfig):
     """Default budget: completed traces per request that vote."""
     rule: str | None = None
     """Default vote rule (None: the method's)."""
-    engine: str = "vllm"
-    """Engine: "vllm", or "fake" (the scripted engine: tests)."""
-    kv_cache: float = 1.0
-    """KV-cache size in GiB, per rank."""
-    max_live: int = 256
-    """Most live traces per rank (vLLM's max_num_seqs)."""
     admit_timeout: float = 60.0
     """Seconds a request may wait for room on the engine before a 503."""
     admit_on_live: bool = True
@@ -74,7 +68,7 @@ class ServeConfig(SamplingConfig):
 def build_state(cfg: ServeConfig) -> tuple[Any, list[Any]]:
     """(AppState, engines): everything checked before any engine starts, then the engines
     and one SearchService each. Raises :class:`InputError`."""
-    from gambit_search.engines import EngineSettings, get_engine_kind
+    from gambit_search.engines import get_engine_kind
     from gambit_search.methods import get_method
     from gambit_search.serve.app import AppState
     from gambit_search.serve.service import SearchService
@@ -84,8 +78,6 @@ def build_state(cfg: ServeConfig) -> tuple[Any, list[Any]]:
     cfg.check_sampling()
     if cfg.n < 1:
         raise InputError(f"--n must be >= 1, got {cfg.n}")
-    if cfg.kv_cache <= 0:
-        raise InputError(f"--kv-cache must be > 0 GiB, got {cfg.kv_cache}")
     if cfg.data_parallel_size < 1:
         raise InputError(f"--data-parallel-size must be >= 1, got {cfg.data_parallel_size}")
     if cfg.data_parallel_size > 1 and cfg.engine != "fake":
@@ -110,9 +102,8 @@ def build_state(cfg: ServeConfig) -> tuple[Any, list[Any]]:
 
     engines, services = [], []
     for rank in range(cfg.data_parallel_size):
-        eng = kind.start(EngineSettings(model=cfg.model, max_live=cfg.max_live, seed=cfg.seed,
-                                        kv_cache=cfg.kv_cache,
-                                        confidence=bool(scorer and scorer.needs_confidence)))
+        eng = kind.start(cfg.engine_settings(
+            seed=cfg.seed, confidence=bool(scorer and scorer.needs_confidence)))
         engines.append(eng)
         prompt = kind.prompt_ids(facts.tokenizer or getattr(eng, "tokenizer", None))
         svc = SearchService(eng, kind.decoder(eng), lambda q, p=prompt: p(q.question),
@@ -133,6 +124,7 @@ def build_state(cfg: ServeConfig) -> tuple[Any, list[Any]]:
 def main(argv: list[str] | None = None) -> None:
     from gambit_core.cli import add_dataclass_args, input_errors
     from gambit_search.methods import param_classes
+    from gambit_search.solve.config import flat_name
 
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -143,15 +135,15 @@ def main(argv: list[str] | None = None) -> None:
     for cls, prefix in param_classes().items():
         g = p.add_argument_group(f"{cls.__name__} defaults")
         add_dataclass_args(g, cls, prefix=prefix, defaults=False)
-        flat_names += [prefix.replace("-", "_") + f for f in cls.__dataclass_fields__]
+        flat_names += [flat_name(prefix, f) for f in cls.__dataclass_fields__]
     a = vars(p.parse_args(argv))
     verbose = a.pop("verbose")
     params = {k: a.pop(k) for k in flat_names if k in a}
-    cfg = ServeConfig(**a, params=params)
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     with input_errors(PROG):
+        cfg = ServeConfig(**a, params=params)
         state, engines = build_state(cfg)
     import signal
 

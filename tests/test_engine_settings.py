@@ -1,0 +1,49 @@
+"""The engine's settings are declared and checked once (EngineSettings), and every
+application takes them under the same flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from data_pipelines.harvest import HarvestConfig
+from gambit_core.cli import add_dataclass_args
+from gambit_core.errors import InputError
+from gambit_search.bench import BenchConfig
+from gambit_search.engines import EngineSettings
+from gambit_search.serve.cli import ServeConfig
+from gambit_search.solve.config import SolveConfig, setting_names
+
+APPS = {SolveConfig: {}, ServeConfig: {}, BenchConfig: {"out": "x"}, HarvestConfig: {"out": "x"}}
+
+
+@pytest.mark.parametrize("cls", list(APPS), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("bad, msg", [({"max_live": 0}, "--max-live must be >= 1, got 0"),
+                                      ({"kv_cache": 0.0}, "--kv-cache must be > 0 GiB"),
+                                      ({"engine": "tpu"}, "--engine must be one of fake, vllm")])
+def test_every_app_config_is_checked_by_engine_settings(cls, bad, msg):
+    assert issubclass(cls, EngineSettings)
+    with pytest.raises(InputError, match=msg):
+        cls(**APPS[cls], **bad)
+
+
+@pytest.mark.parametrize("cls", list(APPS), ids=lambda c: c.__name__)
+def test_engine_flags_are_spelled_alike_and_asks_are_no_flags(cls):
+    p = argparse.ArgumentParser()
+    add_dataclass_args(p, cls)
+    opts = {o for a in p._actions for o in a.option_strings}
+    assert {"--engine", "--model", "--max-live", "--kv-cache"} <= opts
+    assert not {"--confidence", "--extra"} & opts
+    assert {"confidence", "extra"}.isdisjoint(setting_names(cls))
+
+
+def test_engine_settings_keep_the_engine_fields_and_take_the_asks():
+    cfg = SolveConfig(engine="fake", max_live=8, kv_cache=0.5, seed=3, scorer="run.pt")
+    s = cfg.engine_settings(seed=cfg.seed, confidence=True)
+    assert type(s) is EngineSettings
+    assert (s.engine, s.max_live, s.kv_cache, s.seed, s.confidence) == ("fake", 8, 0.5, 3, True)
+    assert s.scorer is None  # the run's scorer is the driver's, not the engine's
+    assert not any(f.name in ("confidence", "extra") for f in dataclasses.fields(cfg)
+                   if f.metadata.get("fingerprint", True))
