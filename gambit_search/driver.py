@@ -63,7 +63,6 @@ results) share the loop's per-step state.
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from collections import deque
@@ -76,14 +75,7 @@ from gambit_core.runio import trace_seed
 from gambit_search.driver_config import DriverConfig
 from gambit_search.driver_memory import MemoryMixin
 from gambit_search.engine import Engine, EngineError, SamplingSpec, TraceStatus
-from gambit_search.jobs import (  # noqa: F401 - re-exported: the driver's inputs
-    Intake,
-    Job,
-    QuestionLike,
-    Recorder,
-    bound_of,
-    question_of,
-)
+from gambit_search.jobs import Intake, Job, Recorder, bound_of, question_of
 from gambit_search.methods import BoundMethod, PolicyContext
 from gambit_search.policy import (
     Evict,
@@ -100,7 +92,7 @@ from gambit_search.policy import (
 )
 from gambit_search.voting import vote, vote_table
 
-__all__ = ["Driver", "DriverConfig", "Intake", "Job", "QuestionLike", "Recorder", "trace_seed"]
+__all__ = ["Driver", "DriverConfig", "trace_seed"]
 
 
 @dataclass
@@ -288,11 +280,10 @@ class Driver(MemoryMixin):
         self._prompt_len[0] += len(prompt)
         self._prompt_len[1] += 1
         limit = None
-        if (bound.method.uses_memory and self._snap is not None
-                and "limit" in inspect.signature(policy.start).parameters):
+        if bound.method.uses_memory and self._snap is not None:
             per = self._trace_blocks(len(prompt))
             limit = max(1, (self._snap.free_blocks - self._reserved) // per)
-        acts = policy.start(limit) if limit is not None else policy.start()
+        acts = policy.start(limit)
         self._apply(st, acts)
         return st
 

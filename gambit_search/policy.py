@@ -12,6 +12,7 @@ maps them to engine traces. Output indices in events are in the node's *own* coo
 :class:`NodeBook` is the bookkeeping every policy shares: the tree (parent, depth, state,
 inherited prefix, own tokens, score history, answer), unique-token accounting, votes and
 the tree export. ``gambit_search.methods.sc`` is the smallest policy built on it.
+:class:`Policy` is the protocol every policy meets.
 
 Bookkeeping that scales: the book keeps an index of its nodes by state, updated on every
 state change (:meth:`NodeBook._set_state`, the one way to change a node's state; ``state``
@@ -26,10 +27,11 @@ import enum
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 __all__ = [
     "Action", "Event", "Evict", "Finished", "Fork", "MemoryPressure", "Node", "NodeBook",
-    "NodeDelta", "NodeState", "Progress", "Prune", "Revive", "Scored", "Spawn", "Stop",
+    "NodeDelta", "NodeState", "Policy", "Progress", "Prune", "Revive", "Scored", "Spawn", "Stop",
 ]
 
 
@@ -138,6 +140,40 @@ class Stop:
 
 
 Action = Spawn | Fork | Prune | Evict | Revive | Stop
+
+
+# ----------------------------------------------------------------------------- the protocol
+
+
+class Policy(Protocol):
+    """One question's state machine, as the driver runs it."""
+
+    done: bool
+    """The question is over: the driver collects its votes and tree."""
+
+    def start(self, limit: int | None = None) -> list[Action]:
+        """The first actions. ``limit``: most traces to start, when the driver's KV share for
+        the question holds fewer than the policy would start (None: no such bound); a policy
+        that starts fewer grows later on :class:`MemoryPressure` with ``revive``."""
+        ...
+
+    def handle(self, event: Event) -> list[Action]:
+        """The actions answering ``event``."""
+        ...
+
+    def stop(self) -> list[Action]:
+        """End the question now (the driver's stop): abort what still runs."""
+        ...
+
+    def running(self) -> list[int]: ...
+
+    def ghosts(self) -> list[int]: ...
+
+    def votes(self) -> list[tuple[int, str | None, float | None]]: ...
+
+    def stats(self) -> dict: ...
+
+    def tree(self) -> list[dict]: ...
 
 
 # ----------------------------------------------------------------------------- the tree

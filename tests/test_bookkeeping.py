@@ -229,7 +229,7 @@ def _method() -> Method:
 
 def test_the_index_holds_through_the_driver_under_memory_pressure():
     """Gambit on the fake engine with a KV pool that forces ghosts, revivals and refills."""
-    eng = FakeEngine(FakeEngineConfig(num_blocks=40, block_size=4, seed=1, max_model_len=256,
+    eng = FakeEngine(FakeEngineConfig(num_blocks=32, block_size=4, seed=1, max_model_len=256,
                                       max_num_seqs=64, policy=thought_policy(num_thoughts=(1, 14))))
     params = GambitParams(capacity=8, swap=2, interval=2, warmup=4, floor=0.2)
     drv = Driver(eng, _method().bind(params, 12),

@@ -164,7 +164,8 @@ class DeepConf(NodeBook):
             acts.append(Spawn(n.id))
         return acts
 
-    def start(self) -> list[Action]:
+    def start(self, limit: int | None = None) -> list[Action]:
+        """Every trace at once (``limit`` is for methods that use memory: this one gets None)."""
         acts = self._spawn(self.n_warmup)
         self.warmup_ids = {a.node for a in acts}
         return acts

@@ -30,7 +30,8 @@ class SelfConsistency(NodeBook):
             raise ValueError(f"n must be >= 1, got {n}")
         self.n = n
 
-    def start(self) -> list[Action]:
+    def start(self, limit: int | None = None) -> list[Action]:
+        """Every trace at once (``limit`` is for methods that use memory: this one gets None)."""
         return [Spawn(self._new_root().id) for _ in range(self.n)]
 
     def handle(self, event: Event) -> list[Action]:

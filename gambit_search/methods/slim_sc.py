@@ -135,7 +135,8 @@ class SlimSC(NodeBook):
         self.check_log: list[dict] = []
         """Per check: step, traces compared, pairs above the threshold, pruned ids."""
 
-    def start(self) -> list[Action]:
+    def start(self, limit: int | None = None) -> list[Action]:
+        """Every trace at once (``limit`` is for methods that use memory: this one gets None)."""
         acts = []
         for _ in range(self.config.n):
             n = self._new_root()
