@@ -38,8 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from gambit_scorer.harvest_index import (  # noqa: F401 - re-exported: their old home
-    SCAN_COLUMNS,
+from gambit_scorer.harvest_index import (
     STATE_COLUMNS,
     HarvestIndex,
     _checked_states,
@@ -55,15 +54,7 @@ from gambit_scorer.harvest_io import (
 )
 from gambit_scorer.kinds import ScorerKind, get_kind
 from gambit_scorer.models import feature_size, resolve_features
-from gambit_scorer.samples import (  # noqa: F401 - re-exported: their old home
-    StepDataset,
-    TraceDataset,
-    _Featurizer,
-    _identity,
-    _rows_of,
-    stream_step_batches,
-    stream_trace_batches,
-)
+from gambit_scorer.samples import _Featurizer, _identity, _rows_of
 
 # ----------------------------------------------------------------------------- samples
 

@@ -3,9 +3,7 @@ number of tensor ops whatever the number of traces.
 
 :meth:`SeqScorer.step_batch` takes one cache per trace and pads them together, then builds
 each trace's new cache with its own ``torch.cat``: two ops per trace per layer, ~170 small
-ops for a step of 40 boundaries, which made a toy search's scoring 2.5 ms of every engine
-step on the H200 host's CPU and each worker step 5-7 ms slower on the GPU (issue 19,
-docs/results/LOG.md). A :class:`SeqPool` keeps every trace's keys/values in one tensor per
+ops for a step of 40 boundaries, a cost paid on every engine step. A :class:`SeqPool` keeps every trace's keys/values in one tensor per
 kind ``[layers, slots, length, heads, head_dim]``, grown by doubling: a step gathers its
 traces' rows in one indexing op per layer and writes the new step's keys/values back in
 one more, as vLLM's paged attention does for the policy's KV.

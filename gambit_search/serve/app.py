@@ -66,8 +66,8 @@ def _pick_rank(services: list[Any]) -> Any:
 
 def make_job(state: AppState, question: str, req: Any, qid: str) -> Any:
     """The driver job of one request, checked: :class:`InputError` (400) for bad input."""
-    from gambit_search.driver import Job
     from gambit_search.engine import SamplingSpec
+    from gambit_search.jobs import Job
     from gambit_search.methods import get_method
     from gambit_search.solve.config import flat_names, params_from_flat
     from gambit_search.voting import RULES

@@ -1,5 +1,5 @@
 """One engine serving many searches at once: the driver on a thread of its own, fed by an
-:class:`~gambit_search.driver.Intake`, each request its own tree.
+:class:`~gambit_search.jobs.Intake`, each request its own tree.
 
     svc = SearchService(engine, decode, prompt_ids, scorer=scorer, max_live=256)
     svc.start()
@@ -21,7 +21,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from gambit_search.driver import Driver, DriverConfig, Intake, Job
+from gambit_search.driver import Driver, DriverConfig
+from gambit_search.jobs import Intake, Job
 
 __all__ = ["NotAdmitted", "SearchService", "ServiceStats"]
 
