@@ -51,38 +51,32 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
-def _graph() -> dict[str, set[str]]:
-    mods = _modules()
+def _graph(mods: dict[str, Path] | None = None) -> dict[str, set[str]]:
+    """{module: the repo modules it imports} over ``mods`` (None: every module of the repo)."""
+    mods = _modules() if mods is None else mods
     return {m: _imports(m, p, mods) for m, p in mods.items()}
 
 
-def test_the_graph_is_read_from_every_package():
-    g = _graph()
-    assert {m.split(".")[0] for m in g} == set(LAYERS)
-    # a function-level import is seen (gambit_search.solve.run imports the scorer lazily)
-    assert "gambit_scorer.checkpoint" in g["gambit_search.solve.run"]
-    assert "gambit_core.questions" in g["data_pipelines.toy.task"]
+def upward_imports(g: dict[str, set[str]]) -> list[str]:
+    """``"a -> b"`` for each import in ``g`` that runs up a layer."""
+    return sorted(f"{m} -> {t}" for m, ts in g.items() for t in ts
+                  if LAYERS.index(t.split(".")[0]) > LAYERS.index(m.split(".")[0]))
 
 
-def test_no_import_runs_up_a_layer():
-    up = sorted(f"{m} -> {t}" for m, ts in _graph().items() for t in ts
-                if LAYERS.index(t.split(".")[0]) > LAYERS.index(m.split(".")[0]))
-    assert up == []
-
-
-def test_no_module_circles():
-    g = _graph()
+def circles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``g``: its strongly connected components of more than one
+    module (Tarjan's), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on: set[str] = set()
-    circles: list[list[str]] = []
+    found: list[list[str]] = []
 
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
+    def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in sorted(g[v]):
+        for w in sorted(g.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -97,21 +91,43 @@ def test_no_module_circles():
                 if w == v:
                     break
             if len(comp) > 1:
-                circles.append(sorted(comp))
+                found.append(sorted(comp))
 
     for v in sorted(g):
         if v not in index:
             visit(v)
-    assert circles == []
+    return found
 
 
-def test_the_checker_sees_a_circle_and_an_upward_import(tmp_path):
-    """The reader is not blind: a planted circle and an upward import are found."""
+def test_the_graph_is_read_from_every_package():
+    g = _graph()
+    assert {m.split(".")[0] for m in g} == set(LAYERS)
+    # a function-level import is seen (gambit_search.solve.run imports the scorer lazily)
+    assert "gambit_scorer.checkpoint" in g["gambit_search.solve.run"]
+    assert "gambit_core.questions" in g["data_pipelines.toy.task"]
+
+
+def test_no_import_runs_up_a_layer():
+    assert upward_imports(_graph()) == []
+
+
+def test_no_module_circles():
+    assert circles(_graph()) == []
+
+
+def test_the_checks_see_a_planted_circle_and_upward_import(tmp_path):
+    """The checks are not blind: on a planted fixture the same functions that check the repo
+    find its circle (a -> b -> a, one import inside a function) and its upward import."""
     mods = {"gambit_core.a": tmp_path / "a.py", "gambit_core.b": tmp_path / "b.py",
-            "gambit_search.c": tmp_path / "c.py"}
+            "gambit_search.c": tmp_path / "c.py", "gambit_search.d": tmp_path / "d.py"}
     mods["gambit_core.a"].write_text("def f():\n    from gambit_core import b\n")
     mods["gambit_core.b"].write_text("import gambit_core.a\nfrom gambit_search.c import X\n")
     mods["gambit_search.c"].write_text("X = 1\n")
-    assert _imports("gambit_core.a", mods["gambit_core.a"], mods) == {"gambit_core.b"}
-    assert _imports("gambit_core.b", mods["gambit_core.b"], mods) == {"gambit_core.a",
-                                                                      "gambit_search.c"}
+    mods["gambit_search.d"].write_text("from gambit_core.a import f\nimport gambit_search.c\n")
+    g = _graph(mods)
+    assert g["gambit_core.a"] == {"gambit_core.b"}
+    assert g["gambit_core.b"] == {"gambit_core.a", "gambit_search.c"}
+    assert upward_imports(g) == ["gambit_core.b -> gambit_search.c"]
+    assert circles(g) == [["gambit_core.a", "gambit_core.b"]]
+    clean = {m: ts - {"gambit_search.c", "gambit_core.a"} for m, ts in g.items()}
+    assert upward_imports(clean) == [] and circles(clean) == []  # and nothing else
