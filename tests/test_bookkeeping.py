@@ -33,10 +33,10 @@ from gambit_search.fake_engine import (
 )
 from gambit_search.fake_kv import block_hashes
 from gambit_search.methods import Method
-from gambit_search.methods.deepconf import DeepConf, DeepConfConfig
+from gambit_search.methods.deepconf import DeepConf, DeepConfParams
 from gambit_search.methods.gambit import GambitParams, tournament_config
 from gambit_search.methods.sc import SelfConsistency
-from gambit_search.methods.slim_sc import SlimSC, SlimSCConfig
+from gambit_search.methods.slim_sc import SlimParams, SlimSC
 from gambit_search.methods.step import Step
 from gambit_search.policy import (
     Finished,
@@ -196,9 +196,9 @@ def test_every_baselines_index_matches_a_scan_after_every_event(kind, n, seed):
     elif kind == "step":
         p = IStep(n)
     elif kind == "deepconf":
-        p = IDeepConf(DeepConfConfig(n=n, warmup=max(1, n // 3), window=2))
+        p = IDeepConf(DeepConfParams(warmup=max(1, n // 3), window=2), n)
     else:
-        p = ISlim(SlimSCConfig(n=n, interval=2, warmup=2, threshold=0.5), _decode, _embed)
+        p = ISlim(SlimParams(interval=2, warmup=2, threshold=0.5), n, _decode, _embed)
     _stream(p, rng)
 
 

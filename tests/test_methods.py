@@ -26,11 +26,11 @@ from gambit_search.methods import Method, PolicyContext, get_method, method_name
 from gambit_search.methods.bon import BestOfN
 from gambit_search.methods.deepconf import (
     DeepConf,
-    DeepConfConfig,
+    DeepConfParams,
     MissingLogprobsError,
     token_confidence,
 )
-from gambit_search.methods.slim_sc import SlimSC, SlimSCConfig, latest_thought
+from gambit_search.methods.slim_sc import SlimParams, SlimSC, latest_thought
 from gambit_search.methods.step import Step
 from gambit_search.policy import (
     Finished,
@@ -187,9 +187,13 @@ def _warm(p: DeepConf, lows: list[float], w: int) -> list:
     return p.handle(Progress({}))
 
 
+def _dc(n: int = 32, eta: float = 10.0, **params) -> DeepConf:
+    """One question's DeepConf policy from its flags (``params``), budget and eta."""
+    return DeepConf(DeepConfParams(**params), n, eta)
+
+
 def test_deepconf_warmup_sets_the_percentile_bar_then_spawns_the_rest():
-    cfg = DeepConfConfig(n=10, eta=10, window=4, warmup=5)
-    p = DeepConf(cfg)
+    p = _dc(n=10, eta=10, window=4, warmup=5)
     assert spawned(p.start()) == [0, 1, 2, 3, 4]
     lows = [1.0, 2.0, 3.0, 4.0, 5.0]
     assert p.threshold is None
@@ -200,7 +204,7 @@ def test_deepconf_warmup_sets_the_percentile_bar_then_spawns_the_rest():
 
 
 def test_deepconf_stops_online_traces_below_the_bar_only_with_a_full_window():
-    p = DeepConf(DeepConfConfig(n=4, eta=50, window=3, warmup=2))
+    p = _dc(n=4, eta=50, window=3, warmup=2)
     p.start()
     _warm(p, [2.0, 4.0], 3)  # bar: the median, 3.0
     assert p.threshold == pytest.approx(3.0)
@@ -216,7 +220,7 @@ def test_deepconf_stops_online_traces_below_the_bar_only_with_a_full_window():
 
 
 def test_deepconf_votes_warmup_traces_at_the_bar_and_unstopped_online_traces():
-    p = DeepConf(DeepConfConfig(n=4, eta=50, window=2, warmup=2))
+    p = _dc(n=4, eta=50, window=2, warmup=2)
     p.start()
     _warm(p, [2.0, 4.0], 2)  # bar 3.0: warmup node 0 (2.0) does not vote, node 1 (4.0) does
     p.handle(Progress({2: delta([5.0, 6.0]), 3: delta([3.5])}))
@@ -233,14 +237,14 @@ def test_deepconf_votes_warmup_traces_at_the_bar_and_unstopped_online_traces():
 
 
 def test_deepconf_with_a_budget_within_the_warmup_just_filters():
-    p = DeepConf(DeepConfConfig(n=3, eta=50, window=2, warmup=8))
+    p = _dc(n=3, eta=50, window=2, warmup=8)
     assert len(spawned(p.start())) == 3
     assert _warm(p, [1.0, 2.0, 3.0], 2) == []
     assert p.done and [v[0] for v in p.votes()] == [1, 2]
 
 
 def test_deepconf_refuses_tokens_without_log_probs():
-    p = DeepConf(DeepConfConfig(n=2, window=2, warmup=1))
+    p = _dc(n=2, window=2, warmup=1)
     p.start()
     with pytest.raises(MissingLogprobsError, match="top-20 log-probs"):
         p.handle(Progress({0: NodeDelta((5, 6))}))
@@ -254,7 +258,7 @@ def test_deepconf_refuses_tokens_without_log_probs():
 ])
 def test_deepconf_config_is_checked(kw, msg):
     with pytest.raises(ValueError, match=msg):
-        DeepConfConfig(**kw)
+        _dc(**kw)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -264,7 +268,7 @@ def test_deepconf_invariants_under_random_streams(n, warmup, window, eta, seed):
     """Stops only after the warmup, only online traces, only with a full window whose mean is
     below the bar; every voter completed and votes once; at most N traces."""
     rng = random.Random(seed)
-    p = DeepConf(DeepConfConfig(n=n, eta=eta, window=window, warmup=warmup))
+    p = _dc(n=n, eta=eta, window=window, warmup=warmup)
     p.start()
     hist: dict[int, list[float]] = {}
     for _ in range(400):
@@ -327,7 +331,7 @@ class Letters:
 
 def test_slim_sc_prunes_all_but_one_of_a_group_of_identical_thoughts():
     let = Letters()
-    p = SlimSC(SlimSCConfig(n=5, interval=2, warmup=2, threshold=0.95), let.decode, let.embed)
+    p = SlimSC(SlimParams(interval=2, warmup=2, threshold=0.95), 5, let.decode, let.embed)
     assert len(spawned(p.start())) == 5
     # thoughts after step 1: a, a, a, b, (none yet)
     assert p.handle(Progress({0: NodeDelta((1, 0)), 1: NodeDelta((1, 0)), 2: NodeDelta((1, 0)),
@@ -349,12 +353,12 @@ def test_slim_sc_prunes_all_but_one_of_a_group_of_identical_thoughts():
 
 def test_slim_sc_prunes_nothing_before_its_warmup_nor_distinct_thoughts():
     let = Letters()
-    p = SlimSC(SlimSCConfig(n=3, interval=1, warmup=3), let.decode, let.embed)
+    p = SlimSC(SlimParams(interval=1, warmup=3), 3, let.decode, let.embed)
     p.start()
     for _ in range(2):
         assert p.handle(Progress({i: NodeDelta((1, 0)) for i in range(3)})) == []
     assert not let.calls
-    p2 = SlimSC(SlimSCConfig(n=3, interval=1, warmup=0), let.decode, let.embed)
+    p2 = SlimSC(SlimParams(interval=1, warmup=0), 3, let.decode, let.embed)
     p2.start()
     assert p2.handle(Progress({i: NodeDelta((i + 1, 0)) for i in range(3)})) == []
     assert p2.check_log[-1]["pairs"] == 0
@@ -367,7 +371,7 @@ def test_slim_sc_prunes_nothing_before_its_warmup_nor_distinct_thoughts():
 ])
 def test_slim_sc_config_is_checked(kw, msg):
     with pytest.raises(ValueError, match=msg):
-        SlimSCConfig(**kw)
+        SlimParams(**kw).check(32)
 
 
 # ----------------------------------------------------------------------------- on the driver
@@ -583,7 +587,7 @@ def test_rescore_of_a_deepconf_run_uses_its_voters_and_confidences(tmp_path):
 
     from gambit_search.solve import rescore, write_result
 
-    p = DeepConf(DeepConfConfig(n=5, eta=10, window=2, warmup=3))
+    p = _dc(n=5, eta=10, window=2, warmup=3)
     p.start()
     # warmup: two unsure traces say "1", one sure trace says "2"; the bar (90th pct) is 1.9
     for i, c in enumerate([1.0, 1.5, 2.0]):

