@@ -175,7 +175,10 @@ def setting_names(cls: type) -> set[str]:
 
 
 def flat_name(prefix: str, name: str) -> str:
-    """The flat key of a method parameter: its flag without dashes ("deepconf_window")."""
+    """The flat key of a method parameter: its flag without dashes ("deepconf_window").
+    The one rule for every way a parameter is named: the flag ``--deepconf-window``,
+    gambit-bench's ``--set deepconf-low.deepconf-window=8`` and gambit-serve's
+    ``"gambit": {"deepconf_window": 8}`` all name this key."""
     return prefix.replace("-", "_") + name
 
 
