@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import vllm
 
-    from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from gambit_search.vllm_config import VLLMEngineConfig
+    from gambit_search.vllm_engine import VLLMEngine
 
     t0 = time.perf_counter()
     eng = VLLMEngine(VLLMEngineConfig(

@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from gambit_search.engines import get_engine_kind
     from gambit_search.solve import make_config, prepare, run_prepared
-    from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from gambit_search.vllm_config import VLLMEngineConfig
+    from gambit_search.vllm_engine import VLLMEngine
 
     mdir = a.work / f"model-{a.shape}"
     facts = build_model_dir(a.shape, a.tokenizer, mdir, a.max_tokens + 512)

@@ -128,7 +128,8 @@ class VLLMKind(EngineKind):
     catches_up = True
 
     def facts(self, model: str) -> ModelFacts:
-        from gambit_search.vllm_engine import boundary_token_ids, validate_model_path
+        from gambit_search.boundary_vocab import boundary_token_ids
+        from gambit_search.vllm_config import validate_model_path
 
         try:
             validate_model_path(model)
@@ -148,7 +149,8 @@ class VLLMKind(EngineKind):
         return ModelFacts(hidden, boundary_token_ids(tok), tok, self.identity(model))
 
     def start(self, s: EngineSettings) -> Any:
-        from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
+        from gambit_search.vllm_config import VLLMEngineConfig
+        from gambit_search.vllm_engine import VLLMEngine
 
         return VLLMEngine(VLLMEngineConfig(**({
             "model": s.model, "max_num_seqs": s.max_live, "seed": s.seed,

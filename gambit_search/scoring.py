@@ -61,7 +61,7 @@ class RuntimeScorer:
     def __init__(self, scorer: Any, threads: int | None = 1) -> None:
         """``threads``: torch intra-op threads of this process (None: leave as is). One is
         right for these tiny forwards: beside a busy engine, torch's default thread pool
-        made a toy step's forward ~20x slower on 2 CPU cores (87 ms vs 4.5 ms measured)."""
+        made a toy step's forward over an order of magnitude slower on 2 CPU cores."""
         if threads is not None:
             import torch
 

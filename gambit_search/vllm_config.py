@@ -81,19 +81,18 @@ class VLLMEngineConfig:
     on the delivered prefix)."""
     log_stats: bool = True
     """Keep vLLM's stats (``memory()`` reads them). False saves vLLM's per-token stats
-    bookkeeping on the driver (measured: 1.2 s per 67k tokens, ~10 % of a toy harvest); then
+    bookkeeping on the driver (a noticeable share of a toy harvest's wall); then
     ``memory()`` raises."""
     detokenize: bool = True
     """Let vLLM build each delta's text. False: ``Delta.text`` is empty and log-probabilities
     carry no token strings; decode ``token_ids`` yourself (``engine.tokenizer.decode``). vLLM's
-    per-token detokenization, the logprob tokens' above all, was the largest driver cost of a
-    harvest (measured: 2.5 s of 12.7 s for 66,782 tokens)."""
+    per-token detokenization, the logprob tokens' above all, is the largest driver cost of a
+    harvest."""
     sampled_logprobs: bool = False
     """Record every output token's log-probability in the capture hook (one log_softmax and
     gather per step in the worker) for :meth:`VLLMEngine.sampled_logprobs`: the cheap way to
     the sampled token's log-prob. ``SamplingSpec.logprobs=0`` gets the same values through
-    vLLM's per-request logprob path, which cost a harvest 10-35 % of its throughput
-    (docs/results/LOG.md). Needs ``capture_hidden``."""
+    vLLM's per-request logprob path, which costs a harvest much of its throughput. Needs ``capture_hidden``."""
     scorer: str | None = None
     """A scorer checkpoint (``ckpt.pt``, on the hidden state alone) to score boundaries with
     inside the vLLM worker, on the model's device, right after the capture: each
@@ -108,8 +107,7 @@ class VLLMEngineConfig:
     """Let each :meth:`~gambit_search.vllm_engine.VLLMEngine.step` also take every engine
     output already waiting. vLLM's engine core steps on in its own process while the driver
     scores and decides; taking what has piled up in one go bounds the driver's lag to one of
-    its own steps and shares its per-step cost among them. Off by default until measured on
-    a GPU, and because the engine contract's lock-step tests (memory as of the last step, a
+    its own steps and shares its per-step cost among them. Off by default because the engine contract's lock-step tests (memory as of the last step, a
     trace caught at its last token) assume one engine step per call."""
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
     """Passed to ``vllm.LLM`` as is (overrides the above)."""

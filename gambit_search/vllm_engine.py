@@ -9,7 +9,8 @@ rows to this process over a private ZMQ ipc socket, polled after every step with
 waiting. Works in vLLM's default multiprocess mode; scripts need an
 ``if __name__ == "__main__":`` guard.
 
-    from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from gambit_search.vllm_engine import VLLMEngine
+    from gambit_search.vllm_config import VLLMEngineConfig
     from gambit_search.engine import SamplingSpec
 
     if __name__ == "__main__":
@@ -62,13 +63,7 @@ from typing import Any
 
 import numpy as np
 
-from gambit_search.boundary_vocab import (  # the public names: re-exported (their old home)
-    BoundaryVocab,
-    boundary_token_ids,
-    run_classes,
-    text_boundaries,
-    think_token_ids,
-)
+from gambit_search.boundary_vocab import BoundaryVocab
 from gambit_search.engine import (
     BoundaryEvent,
     Delta,
@@ -82,22 +77,15 @@ from gambit_search.engine import (
     TraceStatus,
 )
 from gambit_search.trace_table import TraceTable
-from gambit_search.vllm_config import (  # the config and the path check: re-exported
-    VLLMEngineConfig,
-    check_config,
-    validate_model_path,
-)
+from gambit_search.vllm_config import VLLMEngineConfig, check_config
 from gambit_search.vllm_delivery import (
-    HOLD_STEPS,  # noqa: F401 - its old home
     Delivery,
     VTrace,
     merge_deltas,
 )
 from gambit_search.vllm_runtime import VLLMRuntime
 
-__all__ = ["NO_BOUNDARY_WARN_TOKENS", "VLLMEngine", "VLLMEngineConfig", "boundary_token_ids",
-           "run_classes", "text_boundaries", "think_token_ids",
-           "validate_model_path"]
+__all__ = ["NO_BOUNDARY_WARN_TOKENS", "VLLMEngine"]
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
 def _toy_engine_config():
-    from gambit_search.vllm_engine import VLLMEngineConfig
+    from gambit_search.vllm_config import VLLMEngineConfig
 
     return VLLMEngineConfig(
         model=str(TOY_POLICY),

@@ -747,7 +747,8 @@ if __name__ == "__main__":
     import psutil
 
     from gambit_search.engine import SamplingSpec
-    from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from gambit_search.vllm_engine import VLLMEngine
+    from gambit_search.vllm_config import VLLMEngineConfig
 
     if os.environ.get("GAMBIT_TEST_NO_WATCHDOG"):  # to see this test fail without it
         import gambit_search._reaper as r

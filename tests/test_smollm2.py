@@ -58,7 +58,8 @@ def _questions(n: int, *names: str) -> list[str]:
 def smol():
     d = _model_dir()
     pytest.importorskip("vllm")
-    from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from gambit_search.vllm_config import VLLMEngineConfig
+    from gambit_search.vllm_engine import VLLMEngine
 
     eng = VLLMEngine(VLLMEngineConfig(
         model=str(d), dtype="float32", max_model_len=1024, block_size=32,
@@ -103,7 +104,7 @@ def test_smollm2_boundaries_by_text_match_transformers(smol, smol_hf):
     decoded-text boundaries (here "\\n" "\\n": the second "\\n" is the boundary) and equal to
     transformers' last_hidden_state there; stopped traces end on <|im_end|>."""
     from gambit_core.prompts import build_prompt_ids
-    from gambit_search.vllm_engine import text_boundaries
+    from gambit_search.boundary_vocab import text_boundaries
 
     tok = smol.tokenizer
     nl = tok.convert_tokens_to_ids("Ċ")

@@ -19,7 +19,8 @@ import torch
 from gambit_search import _vllm_internals as vi
 from gambit_search.boundary_vocab import BoundaryVocab, closed_after
 from gambit_search.engine import EngineError, SamplingSpec, TraceStatus
-from gambit_search.vllm_engine import VLLMEngine, VLLMEngineConfig
+from gambit_search.vllm_config import VLLMEngineConfig
+from gambit_search.vllm_engine import VLLMEngine
 
 TOY_POLICY = Path(__file__).resolve().parents[1] / "checkpoints" / "toy-policy"
 
@@ -229,7 +230,7 @@ def _replay(texts, seqs_and_cuts, spec_kw=None):
     last row, then one row per output token) and return the kept output indices per trace.
     ``seqs_and_cuts``: (trace, full token list, trace prompt len, [request starts]) where
     each request is a new incarnation whose prompt ends at the given start."""
-    from gambit_search.vllm_engine import run_classes
+    from gambit_search.boundary_vocab import run_classes
 
     rc = run_classes(texts)
     spec = vi.CaptureSpec(boundary_ids=[i for i, s in enumerate(texts) if "\n\n" in s],
@@ -260,7 +261,7 @@ def test_split_boundaries_equal_the_text_rule_with_revives_and_forks():
     """The worker's id-class rule equals the decoded-text rule (a new non-overlapping
     "\n\n" in the output), for plain traces, revived traces (new requests whose state comes
     in the id) and forks (whose output continues their parent's text)."""
-    from gambit_search.vllm_engine import text_boundaries
+    from gambit_search.boundary_vocab import text_boundaries
 
     rng = np.random.default_rng(0)
     weights = np.array([4, 3, 2, 6, 2, 1, 1, 1, 1, 1, 1, 1, 0, 0], dtype=float)

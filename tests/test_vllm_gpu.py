@@ -35,7 +35,7 @@ FP32_TOL = 3e-3  # GPU fp32 runs attention through Triton kernels: not bitwise e
 
 
 def _config(dtype: str):
-    from gambit_search.vllm_engine import VLLMEngineConfig
+    from gambit_search.vllm_config import VLLMEngineConfig
 
     return VLLMEngineConfig(
         model=str(TOY_POLICY), dtype=dtype, max_num_seqs=256,

@@ -1,5 +1,5 @@
-"""The "no cancelling slips" toy stratum (``toy-clean:<split>[:n]``): issue 29's control
-opposite ``toy-hard``.
+"""The "no cancelling slips" toy stratum (``toy-clean:<split>[:n]``): the stratum where the
+scorer's signal is clean, the control opposite ``toy-hard``.
 
 A clean question has exactly three hard steps (a carry or borrow with an operand of 7-9),
 all of one sign, and 5-8 operations, the first not hard: ``ToyHardConfig(min_hard=3,

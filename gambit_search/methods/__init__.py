@@ -23,34 +23,13 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from gambit_core.errors import InputError
+from gambit_search.policy import Policy
 
-__all__ = ["BoundMethod", "Method", "NoParams", "Policy", "PolicyContext", "UnknownMethodError",
+__all__ = ["BoundMethod", "Method", "NoParams", "PolicyContext", "UnknownMethodError",
            "get_method", "method_names", "param_classes"]
-
-
-class Policy(Protocol):
-    """One question's state machine (see :mod:`gambit_search.policy`)."""
-
-    done: bool
-
-    def start(self) -> list: ...
-
-    def handle(self, event: Any) -> list: ...
-
-    def stop(self) -> list: ...
-
-    def running(self) -> list: ...
-
-    def ghosts(self) -> list: ...
-
-    def votes(self) -> list[tuple[int, str | None, float | None]]: ...
-
-    def stats(self) -> dict: ...
-
-    def tree(self) -> list[dict]: ...
 
 
 @dataclass(frozen=True)
