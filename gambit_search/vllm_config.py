@@ -92,7 +92,8 @@ class VLLMEngineConfig:
     """Record every output token's log-probability in the capture hook (one log_softmax and
     gather per step in the worker) for :meth:`VLLMEngine.sampled_logprobs`: the cheap way to
     the sampled token's log-prob. ``SamplingSpec.logprobs=0`` gets the same values through
-    vLLM's per-request logprob path, which costs a harvest much of its throughput. Needs ``capture_hidden``."""
+    vLLM's per-request logprob path, which costs a harvest much of its throughput. Needs
+    ``capture_hidden``."""
     scorer: str | None = None
     """A scorer checkpoint (``ckpt.pt``, on the hidden state alone) to score boundaries with
     inside the vLLM worker, on the model's device, right after the capture: each
@@ -107,8 +108,9 @@ class VLLMEngineConfig:
     """Let each :meth:`~gambit_search.vllm_engine.VLLMEngine.step` also take every engine
     output already waiting. vLLM's engine core steps on in its own process while the driver
     scores and decides; taking what has piled up in one go bounds the driver's lag to one of
-    its own steps and shares its per-step cost among them. Off by default because the engine contract's lock-step tests (memory as of the last step, a
-    trace caught at its last token) assume one engine step per call."""
+    its own steps and shares its per-step cost among them. Off by default because the engine
+    contract's lock-step tests (memory as of the last step, a trace caught at its last token)
+    assume one engine step per call."""
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
     """Passed to ``vllm.LLM`` as is (overrides the above)."""
 
