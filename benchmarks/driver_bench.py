@@ -1,4 +1,4 @@
-"""How the driver's per-step bookkeeping scales with the number of live traces (issue 19).
+"""How the driver's per-step bookkeeping scales with the number of live traces.
 
 Runs :class:`~gambit_search.driver.Driver` on the fake engine, one question of N traces at
 a time (N = ``--traces``, default 256 and 1024; Gambit with C = N), for each method, and
@@ -24,7 +24,7 @@ not the point; ``scoring_s`` is reported apart).
     .venv/bin/python benchmarks/driver_bench.py --traces 1024 --profile runs/prof   # cProfile
     .venv/bin/python benchmarks/driver_bench.py --repeats 3   # best of 3 (a shared machine)
 
-Measured before and after issue 19's fix: docs/results/driver_bench/README.md. To measure
+Measured before and after the fix of its quadratic per-step scan (2026-12-05): docs/results/driver_bench/README.md. To measure
 other code (e.g. the files before a change, copied to DIR), run it from outside the repo so
 that DIR comes first on the path: ``cd /tmp && PYTHONPATH=DIR python /path/to/driver_bench.py``.
 """
