@@ -45,7 +45,8 @@ class EngineSettings:
     max_live: int = 256
     """Most traces live in the engine at once (vLLM's max_num_seqs)."""
     kv_cache: float = 1.0
-    """KV-cache size in GiB (small values create memory pressure)."""
+    """KV-cache size in GiB (small values create memory pressure; ``fake``: ignored, its pool
+    is ``FakeEngineConfig.num_blocks`` blocks, set in tests by building the engine directly)."""
     seed: int = field(default=0, metadata=_ASK)
     """Engine seed (traces carry their own; the applications pass their ``--seed``)."""
     confidence: bool = field(default=False, metadata=_ASK)
