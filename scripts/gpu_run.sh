@@ -6,7 +6,7 @@
 # Here, once: build the kit (../shared/gpu/README.md) and bundle it with the wheels the H200
 # lacks (math-verify and its two dependencies: the harvest grades) into as many pieces as it
 # takes for each to fit one device command beside the repo's tracked files (~30 MB of them at
-# the end of 2026-12-06: a 64 MiB limit in all; bundle prints the count, 3 below):
+# the end of 2026-12-06: a 64 MiB limit in all; bundle prints the count, 3 in the example):
 #   bash scripts/gpu_run.sh bundle            # -> .vllmcarry/b.0 .. b.2, BSUMS (git-ignored)
 # On the device, back to back while the machine stays warm (it is handed back after ~30 s
 # idle, and /tmp with it), each command carrying the piece it names and .vllmcarry/BSUMS:
@@ -27,8 +27,8 @@
 #                                             # toy tables in parallel (fp32 there: 2x the CPU's GiB)
 # With SmolLM2-135M-Instruct too: `bundle smol` adds its GGUF (converted on the device by
 # data_pipelines.smollm2), the gguf wheel and the AIME questions: more pieces (7 with a ~30 MB
-# tree), staged 0, 1, ... the same way, then `unpack`, `tests-smol` (tests/test_smollm2.py on the GPU; converts the
-# GGUF into /tmp/smol once, as the two benches do), `bench-smol` (adapter vs plain) and
+# tree), staged 0, 1, ... the same way, then `unpack`, `tests-smol` (tests/test_smollm2.py on
+# the GPU; converts the GGUF into /tmp/smol once, as the two benches do), `bench-smol` (adapter vs plain) and
 # `bench-harvest-smol [reps]`.
 # Results go to $OUT (the device's returned folder).
 set -euo pipefail
@@ -72,7 +72,7 @@ case "${1:-}" in
     cp "$KIT" "$W/" && (cd "$W" && sha256sum vllm026.tar.xz > KIT.sha256 &&
       tar -cf "$W.tar" vllm026.tar.xz KIT.sha256 wheels "${EXTRA[@]}")
     # one device call carries the tracked tree plus one piece, under its 64 MiB limit
-    TREE=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+    TREE=$(git ls-files -z | xargs -0 stat -c %s | awk '{n += $1} END {print n}')
     PIECE=$(( 64 * 1024 * 1024 - TREE - 4 * 1024 * 1024 ))
     N=$(( ($(stat -c %s "$W.tar") + PIECE - 1) / PIECE ))
     [ "$N" -le 10 ] || { echo "bundle needs $N pieces (> 10): the tracked tree is too large" >&2; exit 3; }
