@@ -25,8 +25,8 @@ not the point; ``scoring_s`` is reported apart).
     .venv/bin/python benchmarks/driver_bench.py --repeats 3   # best of 3 (a shared machine)
 
 Measured before and after the fix of its quadratic per-step scan (2026-12-05):
-docs/results/driver_bench/README.md. To measure other code (e.g. the files before a change, copied to DIR), run it from outside the repo so
-that DIR comes first on the path: ``cd /tmp && PYTHONPATH=DIR python /path/to/driver_bench.py``.
+docs/results/driver_bench/README.md. To measure other code (e.g. the files before a change,
+copied to DIR), run it from outside the repo so that DIR comes first on the path: ``cd /tmp && PYTHONPATH=DIR python /path/to/driver_bench.py``.
 """
 
 from __future__ import annotations
