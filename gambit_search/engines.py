@@ -45,8 +45,8 @@ class EngineSettings:
     max_live: int = 256
     """Most traces live in the engine at once (vLLM's max_num_seqs)."""
     kv_cache: float = 1.0
-    """KV-cache size in GiB (small values create memory pressure; ``fake``: ignored, its pool
-    is ``FakeEngineConfig.num_blocks`` blocks, set in tests by building the engine directly)."""
+    """KV-cache size in GiB (small values create memory pressure; ``fake``: a pool of
+    ``FAKE_BLOCKS_PER_GIB`` blocks of 4 tokens per GiB, at least one)."""
     seed: int = field(default=0, metadata=_ASK)
     """Engine seed (traces carry their own; the applications pass their ``--seed``)."""
     confidence: bool = field(default=False, metadata=_ASK)
@@ -168,6 +168,11 @@ class VLLMKind(EngineKind):
         return lambda ids: tok.decode(ids, skip_special_tokens=True)
 
 
+FAKE_BLOCKS_PER_GIB = 1024
+"""The fake engine's KV pool per GiB of ``--kv-cache``: the default 1 GiB is
+``FakeEngineConfig``'s own 1,024 blocks."""
+
+
 class FakeKind(EngineKind):
     name = "fake"
     reads_model = False
@@ -183,7 +188,8 @@ class FakeKind(EngineKind):
     def start(self, s: EngineSettings) -> Any:
         from gambit_search.fake_engine import FakeEngine, FakeEngineConfig
 
-        return FakeEngine(FakeEngineConfig(seed=s.seed, max_num_seqs=s.max_live))
+        blocks = max(1, round(s.kv_cache * FAKE_BLOCKS_PER_GIB))
+        return FakeEngine(FakeEngineConfig(seed=s.seed, max_num_seqs=s.max_live, num_blocks=blocks))
 
     def prompt_ids(self, tokenizer: Any) -> Callable[[str], list[int]]:
         from gambit_search.fake_engine import FIRST_TEXT

@@ -47,3 +47,13 @@ def test_engine_settings_keep_the_engine_fields_and_take_the_asks():
     assert s.scorer is None  # the run's scorer is the driver's, not the engine's
     assert not any(f.name in ("confidence", "extra") for f in dataclasses.fields(cfg)
                    if f.metadata.get("fingerprint", True))
+
+
+@pytest.mark.parametrize("gib, blocks", [(1.0, 1024), (0.25, 256), (0.0001, 1)])
+def test_the_fake_engine_honours_kv_cache(gib, blocks):
+    """--engine fake --kv-cache sizes the fake pool (it used to be silently 1,024 blocks)."""
+    from gambit_search.engines import get_engine_kind
+
+    engine = get_engine_kind("fake").start(EngineSettings(engine="fake", kv_cache=gib, max_live=4))
+    assert engine.config.num_blocks == blocks
+    assert engine.config.max_num_seqs == 4
