@@ -28,11 +28,15 @@ __all__ = ["ENGINES", "EngineKind", "EngineSettings", "ModelFacts", "engine_name
            "get_engine_kind"]
 
 
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+"""The ``--dtype`` values every engine kind understands (vLLM's names)."""
+
+
 @dataclass(kw_only=True)
 class EngineSettings:
     """What an application asks of an engine, declared and checked here once: gambit-solve,
-    -serve, -bench and -harvest inherit these fields (``--engine --model --max-live
-    --kv-cache``), and :meth:`engine_settings` gives the plain settings an engine
+    -serve, -bench and -harvest inherit these fields (``--engine --model --dtype
+    --max-live --kv-cache``), and :meth:`engine_settings` gives the plain settings an engine
     kind starts from. The fields marked ``ask`` are not flags: the application sets them
     from what its run needs (its seed, log-probabilities, a scorer inside the engine)."""
 
@@ -45,8 +49,11 @@ class EngineSettings:
     max_live: int = 256
     """Most traces live in the engine at once (vLLM's max_num_seqs)."""
     kv_cache: float = 1.0
-    """KV-cache size in GiB (small values create memory pressure; ``fake``: a pool of
-    ``FAKE_BLOCKS_PER_GIB`` blocks of 4 tokens per GiB, at least one)."""
+    """KV-cache size in GiB (small values create memory pressure; ``fake``: 1,024
+    blocks of 4 tokens per GiB, at least one)."""
+    dtype: str = "auto"
+    """Model weights' dtype: auto, float32, bfloat16 or float16 ("auto": the checkpoint's
+    own; the toy policy is float32). ``fake``: only "auto" and "float32"."""
     seed: int = field(default=0, metadata=_ASK)
     """Engine seed (traces carry their own; the applications pass their ``--seed``)."""
     confidence: bool = field(default=False, metadata=_ASK)
@@ -63,6 +70,10 @@ class EngineSettings:
             raise InputError(f"--max-live must be >= 1, got {self.max_live}")
         if self.kv_cache <= 0:
             raise InputError(f"--kv-cache must be > 0 GiB, got {self.kv_cache}")
+        if self.dtype not in DTYPES:
+            raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.engine == "fake" and self.dtype not in ("auto", "float32"):
+            raise InputError(f"--engine fake runs float32 only, got --dtype {self.dtype}")
 
     def engine_settings(self, **asks: Any) -> EngineSettings:
         """The plain settings to start an engine with: this config's own (an application's
@@ -154,7 +165,7 @@ class VLLMKind(EngineKind):
         from gambit_search.vllm_engine import VLLMEngine
 
         return VLLMEngine(VLLMEngineConfig(**({
-            "model": s.model, "max_num_seqs": s.max_live, "seed": s.seed,
+            "model": s.model, "dtype": s.dtype, "max_num_seqs": s.max_live, "seed": s.seed,
             "kv_cache_memory_bytes": int(s.kv_cache * (1 << 30)), "detokenize": False,
             "sampled_logprobs": s.confidence, "scorer": s.scorer} | s.extra)))
 

@@ -22,7 +22,10 @@ APPS = {SolveConfig: {}, ServeConfig: {}, BenchConfig: {"out": "x"}, HarvestConf
 @pytest.mark.parametrize("cls", list(APPS), ids=lambda c: c.__name__)
 @pytest.mark.parametrize("bad, msg", [({"max_live": 0}, "--max-live must be >= 1, got 0"),
                                       ({"kv_cache": 0.0}, "--kv-cache must be > 0 GiB"),
-                                      ({"engine": "tpu"}, "--engine must be one of fake, vllm")])
+                                      ({"engine": "tpu"}, "--engine must be one of fake, vllm"),
+                                      ({"dtype": "fp8"}, "--dtype must be one of auto, float32"),
+                                      ({"engine": "fake", "dtype": "bfloat16"},
+                                       "--engine fake runs float32 only")])
 def test_every_app_config_is_checked_by_engine_settings(cls, bad, msg):
     assert issubclass(cls, EngineSettings)
     with pytest.raises(InputError, match=msg):
@@ -34,7 +37,7 @@ def test_engine_flags_are_spelled_alike_and_asks_are_no_flags(cls):
     p = argparse.ArgumentParser()
     add_dataclass_args(p, cls)
     opts = {o for a in p._actions for o in a.option_strings}
-    assert {"--engine", "--model", "--max-live", "--kv-cache"} <= opts
+    assert {"--engine", "--model", "--dtype", "--max-live", "--kv-cache"} <= opts
     assert not {"--confidence", "--extra"} & opts
     assert {"confidence", "extra"}.isdisjoint(setting_names(cls))
 
@@ -57,3 +60,14 @@ def test_the_fake_engine_honours_kv_cache(gib, blocks):
     engine = get_engine_kind("fake").start(EngineSettings(engine="fake", kv_cache=gib, max_live=4))
     assert engine.config.num_blocks == blocks
     assert engine.config.max_num_seqs == 4
+
+
+def test_dtype_reaches_the_vllm_engine_config(monkeypatch):
+    """--dtype is a setting of every app, and the vLLM kind passes it on to its engine."""
+    import gambit_search.vllm_engine as ve
+    from gambit_search.engines import get_engine_kind
+
+    seen = {}
+    monkeypatch.setattr(ve, "VLLMEngine", lambda cfg: seen.setdefault("cfg", cfg))
+    get_engine_kind("vllm").start(EngineSettings(dtype="bfloat16", kv_cache=0.5))
+    assert (seen["cfg"].dtype, seen["cfg"].kv_cache_memory_bytes) == ("bfloat16", 1 << 29)
