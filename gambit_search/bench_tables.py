@@ -29,7 +29,9 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     den = 1 + z * z / n
     mid = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (max(0.0, mid - half), min(1.0, mid + half))
+    # exact at the ends (in floats mid + half can fall just short of 1 at k = n, leaving
+    # the point outside its own interval)
+    return (0.0 if k == 0 else max(0.0, mid - half), 1.0 if k == n else min(1.0, mid + half))
 
 
 def run_metrics(summary: dict, rows: list[dict]) -> dict:

@@ -208,3 +208,13 @@ def test_capacity_rule_keeps_gambit_solve_defaults_from_2c():
     assert capacity_params(g, 8, "solve") == {}
     assert capacity_params(g, 2, "half") == {"capacity": 2, "swap": 1}  # C >= 2K
     assert capacity_params(get_method("sc"), 8, "half") == {}  # no capacity
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 100, 1000])
+def test_wilson_holds_its_point_at_the_ends(n):
+    """k = n and k = 0 give exact ends: 100/100 had an upper bound of 0.9999999999999999,
+    a negative error bar, and gambit-bench's frontier figure crashed."""
+    assert wilson(n, n)[1] == 1.0 and wilson(0, n)[0] == 0.0
+    for k in range(0, n + 1, max(1, n // 10)):
+        lo, hi = wilson(k, n)
+        assert lo <= k / n <= hi
