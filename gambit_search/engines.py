@@ -65,15 +65,16 @@ class EngineSettings:
     """Engine-specific overrides (``VLLMEngineConfig`` fields, e.g. ``stream_interval``)."""
 
     def __post_init__(self) -> None:
-        get_engine_kind(self.engine)  # InputError naming the known engines
+        kind = get_engine_kind(self.engine)  # InputError naming the known engines
         if self.max_live < 1:
             raise InputError(f"--max-live must be >= 1, got {self.max_live}")
         if self.kv_cache <= 0:
             raise InputError(f"--kv-cache must be > 0 GiB, got {self.kv_cache}")
         if self.dtype not in DTYPES:
             raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.engine == "fake" and self.dtype not in ("auto", "float32"):
-            raise InputError(f"--engine fake runs float32 only, got --dtype {self.dtype}")
+        if self.dtype not in kind.dtypes:
+            raise InputError(f"--engine {kind.name} runs --dtype {' or '.join(kind.dtypes)} only, "
+                             f"got {self.dtype}")
 
     def engine_settings(self, **asks: Any) -> EngineSettings:
         """The plain settings to start an engine with: this config's own (an application's
@@ -104,6 +105,8 @@ class EngineKind(ABC):
     name: str
     reads_model: bool = True
     """Whether ``--model`` means anything to it (the fake engine scripts its own)."""
+    dtypes: tuple[str, ...] = DTYPES
+    """The ``--dtype`` values it runs (the rest are refused before it starts)."""
     scores_inside: bool = False
     """Whether it can score boundaries itself (``EngineSettings.scorer``)."""
     catches_up: bool = False
@@ -187,6 +190,7 @@ FAKE_BLOCKS_PER_GIB = 1024
 class FakeKind(EngineKind):
     name = "fake"
     reads_model = False
+    dtypes = ("auto", "float32")
 
     def identity(self, model: str) -> dict[str, str]:
         return {"model_hash": "fake", "tokenizer_hash": "fake"}

@@ -25,7 +25,7 @@ APPS = {SolveConfig: {}, ServeConfig: {}, BenchConfig: {"out": "x"}, HarvestConf
                                       ({"engine": "tpu"}, "--engine must be one of fake, vllm"),
                                       ({"dtype": "fp8"}, "--dtype must be one of auto, float32"),
                                       ({"engine": "fake", "dtype": "bfloat16"},
-                                       "--engine fake runs float32 only")])
+                                       "--engine fake runs --dtype auto or float32 only")])
 def test_every_app_config_is_checked_by_engine_settings(cls, bad, msg):
     assert issubclass(cls, EngineSettings)
     with pytest.raises(InputError, match=msg):
