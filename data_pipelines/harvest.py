@@ -334,6 +334,9 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
     from gambit_search.engines import get_engine_kind
 
     kind = get_engine_kind(cfg.engine)  # InputError naming the known engines
+    if cfg.data_parallel_size > 1:
+        raise InputError("gambit-harvest runs one engine: for K devices run K harvests into "
+                         "one --out with --shard i/K, one per device")
     cfg.check_sampling()
     if cfg.mc_labels < 0 or (cfg.mc_max_forks is not None and cfg.mc_max_forks < 0):
         raise InputError(f"--mc-labels and --mc-max-forks must be >= 0, got {cfg.mc_labels}, {cfg.mc_max_forks}")

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gambit_core.errors import InputError
+from gambit_core.runio import RUN_ONLY
 
 __all__ = ["ENGINES", "EngineKind", "EngineSettings", "ModelFacts", "engine_names",
            "get_engine_kind"]
@@ -54,6 +55,10 @@ class EngineSettings:
     dtype: str = "auto"
     """Model weights' dtype: auto, float32, bfloat16 or float16 ("auto": the checkpoint's
     own; the toy policy is float32). ``fake``: only "auto" and "float32"."""
+    data_parallel_size: int = field(default=1, metadata=RUN_ONLY)
+    """Ranks: independent engines, each on its own devices (vLLM: a GPU each, or a share of
+    the CPU cores); a question's whole search runs on one (docs/SEARCH.md, "Data
+    parallelism"). Results do not depend on it, so a run may resume with another."""
     seed: int = field(default=0, metadata=_ASK)
     """Engine seed (traces carry their own; the applications pass their ``--seed``)."""
     confidence: bool = field(default=False, metadata=_ASK)
@@ -70,6 +75,8 @@ class EngineSettings:
             raise InputError(f"--max-live must be >= 1, got {self.max_live}")
         if self.kv_cache <= 0:
             raise InputError(f"--kv-cache must be > 0 GiB, got {self.kv_cache}")
+        if self.data_parallel_size < 1:
+            raise InputError(f"--data-parallel-size must be >= 1, got {self.data_parallel_size}")
         if self.dtype not in DTYPES:
             raise InputError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.dtype not in kind.dtypes:
@@ -128,6 +135,12 @@ class EngineKind(ABC):
     def start(self, s: EngineSettings) -> Any:
         """A started :class:`~gambit_search.engine.Engine`."""
 
+    def rank_envs(self, s: EngineSettings) -> list[dict[str, str]]:
+        """The environment each of ``s.data_parallel_size`` ranks' engines starts in (its
+        devices); :class:`InputError` when there are too few (:func:`~gambit_search.
+        data_parallel.start_ranks` starts them). Default: nothing to pin."""
+        return [{} for _ in range(s.data_parallel_size)]
+
     @abstractmethod
     def prompt_ids(self, tokenizer: Any) -> Callable[[str], list[int]]:
         """question text -> prompt token ids."""
@@ -171,6 +184,13 @@ class VLLMKind(EngineKind):
             "model": s.model, "dtype": s.dtype, "max_num_seqs": s.max_live, "seed": s.seed,
             "kv_cache_memory_bytes": int(s.kv_cache * (1 << 30)), "detokenize": False,
             "sampled_logprobs": s.confidence, "scorer": s.scorer} | s.extra)))
+
+    def rank_envs(self, s: EngineSettings) -> list[dict[str, str]]:
+        from gambit_search._vllm_internals import on_cpu
+        from gambit_search._vllm_internals.placement import rank_envs
+
+        return rank_envs(s.data_parallel_size, on_cpu=on_cpu(),
+                         per_rank=int(s.extra.get("tensor_parallel_size", 1)))
 
     def prompt_ids(self, tokenizer: Any) -> Callable[[str], list[int]]:
         from gambit_core.prompts import build_prompt_ids

@@ -59,9 +59,14 @@ class AppState:
 
 
 def _pick_rank(services: list[Any]) -> Any:
-    """The least loaded rank by Gambit's own accounting (promised live-trace slots), first on
-    a tie: every trace and fork of one search then stays on that rank's prefix cache."""
-    return min(services, key=lambda s: (s.load(), s.rank))
+    """The least loaded live rank by Gambit's own accounting (promised live-trace slots),
+    first on a tie (:func:`~gambit_search.data_parallel.least_loaded`): every trace and fork
+    of one search then stays on that rank's prefix cache. A rank whose engine failed takes
+    nothing while another lives (with none alive, rank 0 answers the engine's error)."""
+    from gambit_search.data_parallel import least_loaded
+
+    i = least_loaded([s.load() if s.error is None else None for s in services])
+    return services[0 if i is None else i]
 
 
 def make_job(state: AppState, question: str, req: Any, qid: str) -> Any:
@@ -128,8 +133,9 @@ def best_trace(result: dict) -> str:
     return texts.get(best, "") if best is not None else ""
 
 
-def response_body(state: AppState, result: dict, prompt_len: int, chat: bool, rid: str) -> dict:
-    """The OpenAI response of a finished search."""
+def response_body(state: AppState, result: dict, prompt_len: int, chat: bool, rid: str,
+                  rank: int = 0) -> dict:
+    """The OpenAI response of a finished search (``rank``: the data-parallel rank it ran on)."""
     text = best_trace(result)
     stats = result.get("tree_stats", {})
     usage = Usage(prompt_tokens=prompt_len, completion_tokens=result.get("unique_tokens", 0),
@@ -146,7 +152,7 @@ def response_body(state: AppState, result: dict, prompt_len: int, chat: bool, ri
         "usage": usage.model_dump(),
         "gambit": {"answer": result.get("answer"), "method": result.get("method"),
                    "rule": result.get("rule"), "votes": result.get("votes", []),
-                   "tree_stats": stats, "wall_s": result.get("wall_s")},
+                   "tree_stats": stats, "wall_s": result.get("wall_s"), "rank": rank},
     }
 
 
@@ -221,7 +227,7 @@ def build_app(state: AppState) -> Any:
         if result.get("error"):
             return JSONResponse(error_body(result["error"], type_="server_error", code=500),
                                 status_code=500)
-        return JSONResponse(response_body(state, result, prompt_len, chat, rid))
+        return JSONResponse(response_body(state, result, prompt_len, chat, rid, svc.rank))
 
     async def _stream(request: Request, svc: Any, rid: str, fut: Any, progress: asyncio.Queue,
                       prompt_len: int, chat: bool) -> AsyncIterator[str]:
@@ -259,7 +265,7 @@ def build_app(state: AppState) -> Any:
             if result.get("error"):
                 yield f"data: {json.dumps(error_body(result['error'], type_='server_error', code=500))}\n\n"
                 return
-            body = response_body(state, result, prompt_len, chat, rid)
+            body = response_body(state, result, prompt_len, chat, rid, svc.rank)
             text = body["choices"][0]["message"]["content"] if chat else body["choices"][0]["text"]
             yield chunk({"content": text}, gambit=body["gambit"] | {"usage": body["usage"]},
                         finish="stop")

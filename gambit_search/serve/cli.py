@@ -58,16 +58,15 @@ class ServeConfig(SamplingConfig, EngineSettings):
     """Admit a request while the traces live in the engine, plus its slots, fit
     ``max_live`` (False: while the admitted requests' slots fit), as gambit-solve does: a
     search near its end gives its finished traces' places to the next request at once."""
-    data_parallel_size: int = 1
-    """Ranks, each with its own engine; a request's whole search runs on one (docs/SERVE.md).
-    Above 1 only on the fake engine in this build."""
     params: dict[str, Any] = field(default_factory=dict, metadata=RUN_ONLY)
     """Default method parameters by flat name (from the method flags)."""
 
 
-def build_state(cfg: ServeConfig) -> tuple[Any, list[Any]]:
+def build_state(cfg: ServeConfig, engines: list[Any] | None = None) -> tuple[Any, Any]:
     """(AppState, engines): everything checked before any engine starts, then the engines
-    and one SearchService each. Raises :class:`InputError`."""
+    (one per rank: :class:`~gambit_search.data_parallel.Engines`) and one SearchService
+    each. ``engines``: started ones to serve on instead (tests share them; left to the
+    caller). Raises :class:`InputError`."""
     from gambit_search.engines import get_engine_kind
     from gambit_search.methods import get_method
     from gambit_search.serve.app import AppState
@@ -78,11 +77,6 @@ def build_state(cfg: ServeConfig) -> tuple[Any, list[Any]]:
     cfg.check_sampling()
     if cfg.n < 1:
         raise InputError(f"--n must be >= 1, got {cfg.n}")
-    if cfg.data_parallel_size < 1:
-        raise InputError(f"--data-parallel-size must be >= 1, got {cfg.data_parallel_size}")
-    if cfg.data_parallel_size > 1 and cfg.engine != "fake":
-        raise InputError("--data-parallel-size > 1 needs one GPU per rank, which this build "
-                         "does not place yet: see docs/SERVE.md, 'Data parallelism'")
     m = get_method(cfg.method)
     m.bind(params_from_flat(m, cfg.params), cfg.n)  # the defaults must be valid
     facts = kind.facts(cfg.model)
@@ -98,13 +92,17 @@ def build_state(cfg: ServeConfig) -> tuple[Any, list[Any]]:
     elif m.needs_scorer:
         raise InputError(f"the default method {m.name!r} needs a scorer: pass --scorer or "
                          "another --method")
+    from gambit_search.data_parallel import start_ranks
     from gambit_search.scoring import RuntimeScorer
 
-    engines, services = [], []
-    for rank in range(cfg.data_parallel_size):
-        eng = kind.start(cfg.engine_settings(
+    services = []
+    if engines is None:
+        engines = start_ranks(kind, cfg.engine_settings(
             seed=cfg.seed, confidence=bool(scorer and scorer.needs_confidence)))
-        engines.append(eng)
+    elif len(engines) != cfg.data_parallel_size:
+        raise InputError(f"--data-parallel-size {cfg.data_parallel_size} but "
+                         f"{len(engines)} engines given")
+    for rank, eng in enumerate(engines):
         prompt = kind.prompt_ids(facts.tokenizer or getattr(eng, "tokenizer", None))
         svc = SearchService(eng, kind.decoder(eng), lambda q, p=prompt: p(q.question),
                             scorer=RuntimeScorer(scorer) if scorer else None,
@@ -167,8 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         for s in state.services:
             s.close(timeout=600)
-        for e in engines:
-            e.close()
+        engines.close()
         print(f"{PROG}: stopped", file=sys.stderr, flush=True)
 
 

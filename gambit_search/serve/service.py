@@ -102,7 +102,7 @@ class SearchService:
         key = str(job.question.id)
         with self._lock:
             if self.error is not None:
-                fut.set_exception(RuntimeError(f"the engine failed: {self.error}"))
+                fut.set_exception(RuntimeError(self.failure()))
                 return fut
             if key in self._reqs:
                 raise ValueError(f"question id {key!r} is already in flight")
@@ -147,7 +147,13 @@ class SearchService:
                 reqs, self._reqs = list(self._reqs.values()), {}
             for q in reqs:
                 if not q.future.done():
-                    q.future.set_exception(RuntimeError(f"the engine failed: {e}"))
+                    q.future.set_exception(RuntimeError(self.failure()))
+
+    def failure(self) -> str:
+        """One line on why this rank's engine stopped (its :attr:`error`)."""
+        from gambit_search.data_parallel import one_line
+
+        return f"rank {self.rank}'s engine failed: {one_line(self.error)}"
 
     def _deliver(self, r: dict) -> None:
         if not self._driver.engine.has_unfinished():

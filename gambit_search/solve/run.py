@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -61,13 +62,26 @@ def load_run_questions(cfg: SolveConfig, question: str | None) -> list[Any]:
 def start_engine(cfg: SolveConfig, needs_confidence: bool = False,
                  scorer: str | None = None) -> tuple[Any, Any]:
     """(engine, decode) for ``cfg``, from the engine registry; ``scorer``: a checkpoint for
-    the engine to score boundaries with itself (:func:`engine_scorer`)."""
+    the engine to score boundaries with itself (:func:`engine_scorer`). With
+    ``--data-parallel-size`` K > 1 the engine is K engines, one per rank
+    (:class:`~gambit_search.data_parallel.Engines`)."""
     from gambit_search.engines import get_engine_kind
 
     kind = get_engine_kind(cfg.engine)
-    eng = kind.start(cfg.engine_settings(seed=cfg.seed, confidence=needs_confidence,
-                                         scorer=scorer))
+    settings = cfg.engine_settings(seed=cfg.seed, confidence=needs_confidence, scorer=scorer)
+    if cfg.data_parallel_size > 1:
+        from gambit_search.data_parallel import start_ranks
+
+        engines = start_ranks(kind, settings)
+        return engines, kind.decoder(engines[0])
+    eng = kind.start(settings)
     return eng, kind.decoder(eng)
+
+
+def first_engine(engine: Any) -> Any:
+    """The engine, or rank 0's of a data-parallel run's :class:`~gambit_search.data_parallel.
+    Engines` (their facts are the same)."""
+    return engine[0] if isinstance(engine, list) else engine
 
 
 def engine_scorer(preps: Sequence[Prepared]) -> str | None:
@@ -187,14 +201,33 @@ def run_prepared(prep: Prepared, engine: Any, decode: Any, progress: bool = True
         if sampling:
             spec = replace(spec, **sampling)
         kind = get_engine_kind(cfg.engine)
-        prompt = kind.prompt_ids(prep.tokenizer or getattr(engine, "tokenizer", None))
-        driver = Driver(engine, bound, prompt_ids=lambda q: prompt(q.question), decode=decode,
-                        spec=spec, scorer=driver_scorer(prep, engine),
-                        config=DriverConfig(max_live=cfg.max_live, seed=cfg.seed,
-                                            admit_on_live=cfg.admit_on_live, queue=cfg.queue,
-                                            score_every=cfg.score_every, vote_rule=cfg.rule))
-        with (_catching_up(engine, cfg.catch_up, driver.timing) if kind.catches_up
-              else contextlib.nullcontext()):
+        engines = list(engine) if isinstance(engine, list) else [engine]
+        prompt = kind.prompt_ids(prep.tokenizer or getattr(engines[0], "tokenizer", None))
+        # the ranks' threads share the tokenizer: one at a time
+        lock = threading.Lock() if len(engines) > 1 else contextlib.nullcontext()
+
+        def prompt_ids(q: Any) -> list[int]:
+            with lock:
+                return prompt(q.question)
+
+        drivers = [Driver(e, bound, prompt_ids=prompt_ids,
+                          decode=decode if len(engines) == 1 else kind.decoder(e),
+                          spec=spec, scorer=driver_scorer(prep, e),
+                          config=DriverConfig(max_live=cfg.max_live, seed=cfg.seed,
+                                              admit_on_live=cfg.admit_on_live, queue=cfg.queue,
+                                              score_every=cfg.score_every, vote_rule=cfg.rule))
+                   for e in engines]
+        driver = drivers[0]
+        if len(drivers) > 1:
+            from gambit_search.data_parallel import DataParallel
+
+            driver = DataParallel(drivers, capacity=cfg.max_live + cfg.queue,
+                                  say=lambda m: print(f"{PROG}: {m}", file=sys.stderr,
+                                                      flush=True))
+        with contextlib.ExitStack() as stack:
+            if kind.catches_up:
+                for e, d in zip(engines, drivers, strict=True):
+                    stack.enter_context(_catching_up(e, cfg.catch_up, d.timing))
             rows = _drive(prep, driver, out, progress)
     wall = time.perf_counter() - t0
     all_rows = read_results(out) if out is not None else rows
@@ -235,8 +268,11 @@ def _drive(prep: Prepared, driver: Any, out: Path | None, progress: bool) -> lis
                 right += bool(r["correct"])
             if bar is not None:
                 bar.update(1)
+                ranks = getattr(driver, "ranks", None)  # data parallel: questions per rank
                 bar.set_postfix(acc=f"{right / max(1, graded):.3f}",
-                                tok_s=f"{driver.tokens / max(time.perf_counter() - t0, 1e-9):.0f}")
+                                tok_s=f"{driver.tokens / max(time.perf_counter() - t0, 1e-9):.0f}",
+                                **({"ranks": "/".join(str(x.questions) for x in ranks)}
+                                   if ranks else {}))
     finally:
         if bar is not None:
             bar.close()
@@ -269,7 +305,9 @@ def _run_extra(driver: Any, rows: list[dict], wall: float) -> dict:
     cache = {k: sum(r.get("prefix_cache", {}).get(k, 0) for r in rows)
              for k in ("forks", "prompt_tokens", "cached_tokens")}
     log = driver.trace_log if driver is not None else []
+    ranks = getattr(driver, "ranks", None)
     return {"wall_s": round(wall, 3), "questions_this_run": len(rows),
+            **({"ranks": [dataclasses.asdict(x) for x in ranks]} if ranks else {}),
             "unique_tokens_this_run": tokens,
             "completions_per_s": comps / wall if rows and wall > 0 else None,
             "tokens_per_s": tokens / wall if rows and wall > 0 else None,
@@ -284,7 +322,8 @@ def solve(cfg: SolveConfig, question: str | None = None, *, engine: Any = None,
 
     ``engine`` / ``decode``: an already started engine and its decoder (tests and benchmarks
     share one); it is left open."""
-    prep = prepare(cfg, question, engine.hidden_size if engine is not None else None)
+    prep = prepare(cfg, question, first_engine(engine).hidden_size if engine is not None
+                   else None)
     if engine is not None or not prep.todo:
         return run_prepared(prep, engine, decode, progress)
     engine, decode = start_engine(cfg, prep.needs_confidence, engine_scorer([prep]))

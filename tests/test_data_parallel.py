@@ -1,0 +1,217 @@
+"""Data parallelism on the fake engine (fast): the load rule, the ranks' placement, a run on
+K ranks against one engine, and a rank that dies. The vLLM runs: tests/test_data_parallel_vllm.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gambit_core.errors import InputError
+from gambit_search._vllm_internals.placement import RANK_ENV, rank_envs, split
+from gambit_search.data_parallel import Engines, RankDied, least_loaded
+from gambit_search.engines import EngineSettings, get_engine_kind
+from gambit_search.solve import make_config, solve
+
+TIMING = {"wall_s", "rank"}
+"""Result keys that may differ between runs of the same questions."""
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(0, 5).map(float)), max_size=8))
+def test_least_loaded_is_the_first_smallest_live_load(loads):
+    i = least_loaded(loads)
+    live = [x for x in loads if x is not None]
+    if not live:
+        assert i is None
+    else:
+        assert loads[i] == min(live)
+        assert all(x is None or x > loads[i] for x in loads[:i])
+
+
+@given(st.lists(st.integers(), min_size=1, max_size=40), st.data())
+def test_split_cuts_in_order_into_near_equal_groups(items, data):
+    k = data.draw(st.integers(1, len(items)))
+    groups = split(items, k)
+    assert len(groups) == k and all(groups)
+    assert [x for g in groups for x in g] == items
+    sizes = [len(g) for g in groups]
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+@given(st.sets(st.integers(0, 63), min_size=1, max_size=16), st.data())
+def test_cpu_ranks_get_disjoint_cores_covering_the_allowed_ones(cpus, data):
+    k = data.draw(st.integers(1, len(cpus)))
+    envs = rank_envs(k, on_cpu=True, environ={}, cpus=sorted(cpus))
+    got = [[int(c) for c in e["VLLM_CPU_OMP_THREADS_BIND"].split(",")] for e in envs]
+    assert sorted(c for g in got for c in g) == sorted(cpus)
+    assert [e[RANK_ENV] for e in envs] == [str(r) for r in range(k)]
+
+
+def test_placement_takes_the_users_lists_and_devices_and_refuses_too_few():
+    lists = rank_envs(2, on_cpu=True, environ={"VLLM_CPU_OMP_THREADS_BIND": "0-3|4-7"}, cpus=[0])
+    assert [e["VLLM_CPU_OMP_THREADS_BIND"] for e in lists] == ["0-3", "4-7"]
+    one = rank_envs(2, on_cpu=True, environ={"VLLM_CPU_OMP_THREADS_BIND": "2-5"}, cpus=[0])
+    assert [e["VLLM_CPU_OMP_THREADS_BIND"] for e in one] == ["2,3", "4,5"]
+    free = rank_envs(2, on_cpu=True, environ={"VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+                     cpus=[0, 1, 2, 3])
+    assert [e["OMP_NUM_THREADS"] for e in free] == ["2", "2"]
+    gpus = rank_envs(2, on_cpu=False, environ={"CUDA_VISIBLE_DEVICES": "3,5,6,7"}, per_rank=2)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in gpus] == ["3,5", "6,7"]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in rank_envs(3, on_cpu=False, environ={}, gpus=4)] \
+        == ["0", "1", "2"]
+    with pytest.raises(InputError, match="names 2 CPU lists, one per rank"):
+        rank_envs(3, on_cpu=True, environ={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    with pytest.raises(InputError, match="needs a CPU core per rank; this process may run on 2"):
+        rank_envs(3, on_cpu=True, environ={}, cpus=[0, 1])
+    with pytest.raises(InputError, match="needs 4 GPUs .2 a rank.; this process sees 3"):
+        rank_envs(2, on_cpu=False, environ={"CUDA_VISIBLE_DEVICES": "0,1,2"}, per_rank=2)
+
+
+def test_data_parallel_size_is_an_engine_setting_checked_once_and_no_fingerprint():
+    from gambit_core.runio import fingerprint
+
+    with pytest.raises(InputError, match="--data-parallel-size must be >= 1, got 0"):
+        EngineSettings(data_parallel_size=0)
+    cfg = make_config(engine="fake", dataset="toy:val:2", data_parallel_size=3)
+    assert cfg.engine_settings().data_parallel_size == 3
+    assert "data_parallel_size" not in fingerprint(cfg)  # a resume may change K
+
+
+def _fake_ranks(k: int) -> Engines:
+    from gambit_search.data_parallel import start_ranks
+
+    return start_ranks(get_engine_kind("fake"), EngineSettings(engine="fake", max_live=8,
+                                                               data_parallel_size=k))
+
+
+def _cfg(out: Path, scorer: str, **kw):
+    return make_config(**({"engine": "fake", "dataset": "toy:val:8", "n": 6, "swap": 2,
+                           "interval": 2, "warmup": 4, "scorer": scorer, "out": str(out),
+                           "max_tokens": 60, "max_live": 8} | kw))
+
+
+def _outputs(out: Path) -> dict[str, tuple[dict, dict]]:
+    """{question id: (its results.jsonl row without timing, its tree file)}."""
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == len({r["id"] for r in rows})  # nothing twice
+    return {r["id"]: ({k: v for k, v in r.items() if k not in TIMING},
+                      json.loads((out / "trees" / f"{r['id']}.json").read_text()))
+            for r in rows}
+
+
+def _count_starts(engines: Engines) -> dict[int, int]:
+    """Traces started (spawned or forked) on each rank's engine, counted as they happen."""
+    started = {r: 0 for r in range(len(engines))}
+    for rank, eng in enumerate(engines):
+        for name in ("add_trace", "fork"):
+            real = getattr(eng, name)
+
+            def counted(*a, _real=real, _rank=rank, **kw):
+                started[_rank] += 1
+                return _real(*a, **kw)
+
+            setattr(eng, name, counted)
+    return started
+
+
+@pytest.mark.parametrize("method", ["gambit", "sc"])
+def test_two_ranks_give_one_engines_results_each_search_on_one_rank(tmp_path, fake_scorer,
+                                                                    method):
+    one = _fake_ranks(1)
+    solve(_cfg(tmp_path / "k1", fake_scorer, method=method), engine=one[0],
+          decode=one[0].decode, progress=False)
+    two = _fake_ranks(2)
+    started = _count_starts(two)
+    s = solve(_cfg(tmp_path / "k2", fake_scorer, method=method, data_parallel_size=2),
+              engine=two, decode=two[0].decode, progress=False)
+    assert _outputs(tmp_path / "k2") == _outputs(tmp_path / "k1")
+    ranks = {r["id"]: r["rank"] for r in s["results"]}
+    assert set(ranks.values()) == {0, 1}
+    # every trace of a question started on its rank's engine, and nowhere else
+    for rank in (0, 1):
+        assert started[rank] == sum(r["tree_stats"]["started"] for r in s["results"]
+                                    if r["rank"] == rank)
+    assert [x["questions"] for x in s["ranks"]] == [sum(v == r for v in ranks.values())
+                                                   for r in (0, 1)]
+    assert all(x["died"] is None for x in s["ranks"])
+    one.close()
+    two.close()
+    assert not two
+
+
+def _die_after(engine, steps: int) -> None:
+    """Make ``engine.step`` raise, as a killed vLLM engine does, after ``steps`` steps."""
+    real, n = engine.step, [0]
+
+    def step():
+        n[0] += 1
+        if n[0] > steps:
+            raise RuntimeError("EngineCore died\n(a second line)")
+        return real()
+
+    engine.step = step
+
+
+def test_a_rank_that_dies_gives_its_questions_to_the_others_and_loses_nothing(
+        tmp_path, fake_scorer, capsys):
+    one = _fake_ranks(1)
+    solve(_cfg(tmp_path / "k1", fake_scorer), engine=one[0], decode=one[0].decode,
+          progress=False)
+    two = _fake_ranks(2)
+    _die_after(two[1], 5)
+    s = solve(_cfg(tmp_path / "k2", fake_scorer, data_parallel_size=2), engine=two,
+              decode=two[0].decode, progress=False)
+    err = capsys.readouterr().err
+    assert "gambit-solve: rank 1's engine died (RuntimeError: EngineCore died): its " in err
+    assert "unfinished question(s) go to rank(s) 0" in err and "second line" not in err
+    assert s["ranks"][1]["died"] == "RuntimeError: EngineCore died"
+    assert s["ranks"][1]["requeued"] >= 1
+    assert _outputs(tmp_path / "k2") == _outputs(tmp_path / "k1")  # all 8, once, the same
+    assert s["questions"] == 8
+
+
+def test_when_every_rank_dies_the_finished_are_kept_and_a_rerun_does_the_rest(
+        tmp_path, fake_scorer):
+    one = _fake_ranks(1)
+    solve(_cfg(tmp_path / "k1", fake_scorer), engine=one[0], decode=one[0].decode,
+          progress=False)
+    two = _fake_ranks(2)
+    _die_after(two[0], 40)
+    _die_after(two[1], 40)
+    cfg = _cfg(tmp_path / "k2", fake_scorer, data_parallel_size=2)
+    with pytest.raises(RankDied, match=r"every rank's engine died .* rerun to resume"):
+        solve(cfg, engine=two, decode=two[0].decode, progress=False)
+    done = _outputs(tmp_path / "k2")
+    assert 0 < len(done) < 8
+    again = _fake_ranks(2)
+    s = solve(cfg, engine=again, decode=again[0].decode, progress=False)
+    assert len(s["results"]) == 8 - len(done)  # only the unfinished ones ran
+    assert _outputs(tmp_path / "k2") == _outputs(tmp_path / "k1")
+
+
+def test_engines_close_every_rank_even_when_one_fails():
+    closed = []
+
+    class E:
+        def __init__(self, i, fail=False):
+            self.i, self.fail = i, fail
+
+        def close(self):
+            closed.append(self.i)
+            if self.fail:
+                raise RuntimeError("boom")
+
+    engines = Engines([E(0), E(1, fail=True), E(2)])
+    with pytest.raises(RuntimeError, match="boom"):
+        engines.close()
+    assert sorted(closed) == [0, 1, 2] and not engines
+
+
+def test_harvest_refuses_more_than_one_rank(tmp_path):
+    from data_pipelines.harvest import HarvestConfig, harvest
+
+    with pytest.raises(InputError, match="gambit-harvest runs one engine: .* --shard i/K"):
+        harvest(HarvestConfig(engine="fake", out=str(tmp_path / "h"), data_parallel_size=2))
