@@ -98,12 +98,14 @@ class HarvestConfig(SamplingConfig, EngineSettings):
 
 def _make_engine(cfg: HarvestConfig):
     """(engine, boundary ids), from the engine registry."""
+    from gambit_search.data_parallel import start_ranks
     from gambit_search.engines import get_engine_kind
 
     kind = get_engine_kind(cfg.engine)
-    eng = kind.start(cfg.engine_settings(seed=cfg.seed, confidence=True,
-                                         extra={"log_stats": False}))
-    return eng, sorted(getattr(eng, "boundary_ids", None) or kind.facts(cfg.model).boundary_ids)
+    engines = start_ranks(kind, cfg.engine_settings(seed=cfg.seed, confidence=True,
+                                                    extra={"log_stats": False}))
+    ids = sorted(getattr(engines[0], "boundary_ids", None) or kind.facts(cfg.model).boundary_ids)
+    return (engines if len(engines) > 1 else engines[0]), ids
 
 
 # ---------------------------------------------------------------- one chunk
@@ -334,9 +336,6 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
     from gambit_search.engines import get_engine_kind
 
     kind = get_engine_kind(cfg.engine)  # InputError naming the known engines
-    if cfg.data_parallel_size > 1:
-        raise InputError("gambit-harvest runs one engine: for K devices run K harvests into "
-                         "one --out with --shard i/K, one per device")
     cfg.check_sampling()
     if cfg.mc_labels < 0 or (cfg.mc_max_forks is not None and cfg.mc_max_forks < 0):
         raise InputError(f"--mc-labels and --mc-max-forks must be >= 0, got {cfg.mc_labels}, {cfg.mc_max_forks}")
@@ -399,7 +398,23 @@ def _run(cfg, out, questions, chunks, mine, shard, kind, engine_of, started, m_h
                             shards=f"{stats['shards']}/{len(mine)}")
 
         try:
-            _sample(cfg, engine, [(c, chunks[c]) for c in mine], chunk_done, bar)
+            work = [(c, chunks[c]) for c in mine]
+            if isinstance(engine, list):  # data parallel: each chunk whole on one rank
+                import threading
+
+                from gambit_search.data_parallel import on_ranks
+
+                lock = threading.Lock()
+
+                def done(c: int, rows: list[dict]) -> None:
+                    with lock:
+                        chunk_done(c, rows)
+
+                on_ranks(engine, work, len, lambda e, w: _sample(cfg, e, w, done, bar),
+                         "its unwritten shards are left for the rerun of this command")
+                engine = engine[0]
+            else:
+                _sample(cfg, engine, work, chunk_done, bar)
         finally:
             bar.close()
         sampling_seconds = time.time() - t0
@@ -414,8 +429,12 @@ def _run(cfg, out, questions, chunks, mine, shard, kind, engine_of, started, m_h
         t1 = time.time()
         sampling = {k: getattr(cfg, k) for k in ("temperature", "top_p", "top_k", "max_tokens")}
         plan = MCPlan(k=cfg.mc_labels, every=cfg.mc_every, seed=cfg.seed, max_forks=cfg.mc_max_forks)
+        def one_engine():  # Monte-Carlo labels run on rank 0's engine
+            e = engine_of()
+            return e[0] if isinstance(e, list) else e
+
         summary |= mc_pass(out, [c for c in range(len(chunks)) if c % shard_n == shard_i], plan, sampling,
-                           engine_of, kind, cfg.max_live)
+                           one_engine, kind, cfg.max_live)
         summary["mc_seconds"] = round(time.time() - t1, 3)
     complete = all((out / "data" / f"shard-{c:05d}.parquet").exists() for c in range(len(chunks)))
     if complete:
@@ -466,7 +485,9 @@ def main(argv: list[str] | None = None) -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     add_dataclass_args(p, HarvestConfig, required=("out",))
     a = p.parse_args(argv)
-    with input_errors(p.prog):
+    from gambit_search.data_parallel import rank_errors
+
+    with input_errors(p.prog), rank_errors(p.prog):
         harvest(HarvestConfig(**vars(a)))
 
 

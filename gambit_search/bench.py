@@ -10,12 +10,10 @@
 Every (method, dataset, N, seed) run is one ``gambit-solve`` run (same driver, engine and
 accounting) into ``<out>/runs/<dataset>/<method>/seed<k>/`` (a sweep of several N:
 ``.../<method>/n<N>/seed<k>/``); a rerun skips finished questions, so the whole harness
-resumes after a crash. ``--n 8,16,32,64,128`` sweeps the budget; a method with a capacity
-(Gambit) gets C and K from ``--capacity-rule`` at each N (``half``, the default: C =
-min(C0, N/2) and K = max(1, K0 * C / C0) from gambit-solve's defaults C0, K0, so N >= 2 C0
-runs gambit-solve's defaults; ``solve``: those defaults at every N); a ``--set`` of C or
-K replaces the rule for that method. One engine serves every run (one
-model); ``--kv-cache`` sets its size to create memory pressure. Per-method parameters:
+resumes after a crash. ``--n 8,16,32,64,128`` sweeps the budget; every run is
+gambit-solve's defaults at its N (Gambit's C and K scale with N:
+:func:`gambit_search.methods.gambit.capacity_swap`) unless ``--set`` changes them. One
+engine serves every run (one model); ``--kv-cache`` sets its size to create memory pressure. Per-method parameters:
 ``--set gambit.swap=2 step.n=32`` (or a ``set:`` mapping in the config file). A method may
 run twice under two labels: ``--methods gambit,gambit-c16=gambit --set gambit-c16.capacity=16``.
 
@@ -65,12 +63,6 @@ class BenchConfig(EngineSettings):
     n: str = "32"
     """Budget of completed traces per question, for every method; comma-separated (or a list
     in the config file) sweeps it, one table row per method and N."""
-    capacity_rule: str = "half"
-    """C and K of a method with a capacity (Gambit) at each N, unless ``--set`` gives them:
-    "half" (C = min(C0, N/2), K = max(1, K0 * C / C0), with gambit-solve's defaults C0 and
-    K0: its defaults wherever N >= 2 C0) or "solve" (gambit-solve's
-    defaults at every N; C is at most N). A method whose ``--set`` names C or K gets neither
-    from the rule (they are checked together: C >= 2K)."""
     scorer: str | None = None
     """Scorer checkpoint (default: gambit-solve's, the shipped SeqScorer)."""
     max_questions: int | None = None
@@ -81,10 +73,6 @@ class BenchConfig(EngineSettings):
 
 BenchInputError = InputError
 """Bad harness input (the project's one :class:`~gambit_core.errors.InputError`)."""
-
-CAPACITY_RULES = ("half", "solve")
-"""The values of ``BenchConfig.capacity_rule``."""
-
 
 def _split(s: str) -> list[str]:
     return [x.strip() for x in str(s).split(",") if x.strip()]
@@ -112,22 +100,6 @@ def budgets(n: str | int) -> list[int]:
     if len(set(out)) != len(out):
         raise InputError(f"--n names a budget twice: {n!r}")
     return out
-
-
-def capacity_params(method: Any, n: int, rule: str) -> dict[str, int]:
-    """The flat parameters ``rule`` sets for ``method`` at budget ``n`` ({} for a method
-    without a capacity and swap, or rule "solve"): "half" keeps gambit-solve's default C0
-    while ``n >= 2 C0`` and halves the budget below it (at least 2), with K scaled by K0 / C0
-    (at least 1, at most C / 2)."""
-    from gambit_search.solve.config import flat_name
-
-    p = method.params()
-    if rule == "solve" or not (hasattr(p, "capacity") and hasattr(p, "swap")):
-        return {}
-    c0 = p.capacity or n  # None: the method's C is N
-    c = max(2, min(c0, n // 2))  # a round prunes K and keeps K parents: C >= 2K >= 2
-    k = min(max(1, p.swap * c // c0), c // 2)
-    return {flat_name(method.flag_prefix, "capacity"): c, flat_name(method.flag_prefix, "swap"): k}
 
 
 def parse_sets(items: list[str]) -> dict[str, dict[str, Any]]:
@@ -189,9 +161,6 @@ def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
     from gambit_search.solve.config import flat_names, params_from_flat
 
     methods, datasets, ns = _split(cfg.methods), _split(cfg.datasets), budgets(cfg.n)
-    if cfg.capacity_rule not in CAPACITY_RULES:
-        raise InputError(f"--capacity-rule must be one of {', '.join(CAPACITY_RULES)}, "
-                         f"got {cfg.capacity_rule!r}")
     try:
         seeds = [int(s) for s in _split(cfg.seeds)]
     except ValueError:
@@ -234,10 +203,7 @@ def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
             for s in seeds:
                 for m in methods:
                     meth = get_method(base_of[m])
-                    given = sets.get(m, {})
-                    rule = ({} if set(capacity_params(meth, n, "half")) & set(given)
-                            else capacity_params(meth, n, cfg.capacity_rule))
-                    extra = rule | given
+                    extra = sets.get(m, {})
                     out = Path(cfg.out) / "runs" / _slug(d) / m
                     out = (out / f"n{n}" if len(ns) > 1 else out) / f"seed{s}"
                     run = {k: v for k, v in extra.items() if k not in own_params[m]}
@@ -276,13 +242,14 @@ def bench(cfg: BenchConfig, sets: dict | None = None, *, engine: Any = None, dec
         start_engine,
     )
     from gambit_search.solve.outputs import fill_diagnostics
+    from gambit_search.solve.run import first_engine
 
     cfg, sets = load_config(cfg, sets or {}, given)
     jobs = plan(cfg, sets)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    preps = [(d, m, s, prepare(sc, None, engine.hidden_size if engine is not None else None))
-             for d, m, s, sc in jobs]
+    hidden = first_engine(engine).hidden_size if engine is not None else None
+    preps = [(d, m, s, prepare(sc, None, hidden)) for d, m, s, sc in jobs]
     own = engine is None and any(p.todo for *_, p in preps)
     if own:
         engine, decode = start_engine(jobs[0][3], any(p.needs_confidence for *_, p in preps),
@@ -333,7 +300,9 @@ def main(argv: list[str] | None = None) -> None:
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    with input_errors(PROG):
+    from gambit_search.data_parallel import rank_errors
+
+    with input_errors(PROG), rank_errors(PROG):
         res = bench(BenchConfig(**a), parse_sets(sets), given=set(a) - {"out"})
     print(markdown(res["table"]))
     print(f"{PROG}: table and figures in {a['out']}", file=sys.stderr)

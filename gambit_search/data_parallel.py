@@ -34,8 +34,11 @@ to the live rank with the least promised load (the slots of its questions not ye
 over its ``capacity``), the lowest rank on a tie; a batch run keeps up to ``window`` x
 capacity promised on a rank so that its driver always has the next question waiting.
 Per-trace seeds depend only on (seed, question, trace) (:func:`~gambit_core.runio.trace_seed`)
-and a question's rounds count its own steps, so a question's result does not depend on the
-rank it ran on nor on the questions beside it (memory pressure aside).
+and a question's rounds count its own steps, so a method whose traces depend on their seeds
+alone (SC, BoN) gives the same results on any K (memory pressure aside), and so does every
+method on the lock-step fake engine. On vLLM a Gambit tree also depends on the step at which
+each score reaches the driver (the worker's rows arrive asynchronously), so two Gambit runs
+differ even on one engine, K = 1.
 
 **A rank that dies** (its engine process killed, say): its unfinished questions go back to
 the front of the queue for the other ranks, with one line on stderr; when no rank is left,
@@ -47,17 +50,19 @@ it would have had. The dead engine is closed like the others, and its processes 
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from gambit_search.engine import EngineError
 from gambit_search.jobs import Intake, bound_of, question_of
 
-__all__ = ["DataParallel", "Engines", "RankDied", "RankStats", "least_loaded", "one_line",
-           "start_ranks"]
+__all__ = ["DataParallel", "Engines", "RankDied", "RankStats", "least_loaded", "on_ranks",
+           "one_line", "rank_errors", "start_ranks"]
 
 WINDOW = 2.0
 """A batch run keeps up to this many times a rank's capacity promised to it."""
@@ -80,7 +85,17 @@ def one_line(e: BaseException) -> str:
 
 
 class RankDied(EngineError):
-    """Every rank's engine died; the questions finished before are kept (rerun to resume)."""
+    """A run cannot go on for its dead ranks (one line: which, why, what is kept)."""
+
+
+@contextmanager
+def rank_errors(prog: str) -> Iterator[None]:
+    """A command line's :class:`RankDied` as ``<prog>: error: <one line>``, exit status 1."""
+    try:
+        yield
+    except RankDied as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 class Engines(list):
@@ -103,7 +118,7 @@ def start_ranks(kind: Any, settings: Any) -> Engines:
     """``settings.data_parallel_size`` engines of ``kind`` (an
     :class:`~gambit_search.engines.EngineKind`), started one after another, each in its
     rank's environment (``kind.rank_envs``); the started ones are closed when one fails."""
-    from gambit_search._vllm_internals.placement import pinned
+    from gambit_search._vllm_internals import pinned
 
     envs = kind.rank_envs(settings) if settings.data_parallel_size > 1 else [{}]
     engines = Engines()
@@ -115,6 +130,39 @@ def start_ranks(kind: Any, settings: Any) -> Engines:
         engines.close()
         raise
     return engines
+
+
+def on_ranks(engines: Sequence[Any], work: Sequence[Any], weight: Callable[[Any], float],
+             run: Callable[[Any, list], None], left: str) -> None:
+    """Static data parallelism (gambit-harvest's chunks): each item of ``work`` whole to one
+    rank, in order, the least loaded by ``weight`` so far (:func:`least_loaded`); then
+    ``run(engine, items)`` for every rank at once, a thread each. When a rank raises, the
+    others finish first; then :class:`RankDied` names the dead ranks and says ``left`` (what
+    becomes of their work)."""
+    mine: list[list[Any]] = [[] for _ in engines]
+    loads = [0.0 for _ in engines]
+    for item in work:
+        i = least_loaded(loads)
+        assert i is not None
+        mine[i].append(item)
+        loads[i] += weight(item)
+    errors: dict[int, BaseException] = {}
+
+    def one(r: int) -> None:
+        try:
+            run(engines[r], mine[r])
+        except BaseException as e:  # noqa: BLE001 - reported once every rank is done
+            errors[r] = e
+
+    threads = [threading.Thread(target=one, args=(r,), name=f"gambit-rank-{r}")
+               for r in range(len(engines))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RankDied("; ".join(f"rank {r}'s engine died ({one_line(e)})"
+                                 for r, e in sorted(errors.items())) + f": {left}")
 
 
 @dataclass

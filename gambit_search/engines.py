@@ -186,8 +186,7 @@ class VLLMKind(EngineKind):
             "sampled_logprobs": s.confidence, "scorer": s.scorer} | s.extra)))
 
     def rank_envs(self, s: EngineSettings) -> list[dict[str, str]]:
-        from gambit_search._vllm_internals import on_cpu
-        from gambit_search._vllm_internals.placement import rank_envs
+        from gambit_search._vllm_internals import on_cpu, rank_envs
 
         return rank_envs(s.data_parallel_size, on_cpu=on_cpu(),
                          per_rank=int(s.extra.get("tensor_parallel_size", 1)))

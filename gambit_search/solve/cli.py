@@ -81,6 +81,8 @@ def _print_summary(runs: list[dict]) -> None:
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(t)
     console.print(_diagnostics_table(runs))
+    if any(s.get("ranks") for s in runs):
+        console.print(_ranks_table(runs))
     failed = sum(s["failed"] for s in runs)
     if failed:
         print(f"{PROG}: {failed} question(s) failed: see 'error' in results.jsonl", file=sys.stderr)
@@ -111,6 +113,22 @@ def _diagnostics_table(runs: list[dict]) -> Any:
     for s in runs:
         d = s.get("diagnostics") or {}
         t.add_row(s["config"]["method"], *(fmt(d.get(k), how) for _, k, how in DIAGNOSTICS))
+    return t
+
+
+def _ranks_table(runs: list[dict]) -> Any:
+    """Each data-parallel rank's share of each run: questions finished, and whether its
+    engine died (with the questions it gave back)."""
+    from rich.table import Table
+
+    t = Table(title="data-parallel ranks")
+    for col in ("method", "rank", "qs", "engine"):
+        t.add_column(col, justify="left" if col in ("method", "engine") else "right")
+    for s in runs:
+        for r in s.get("ranks") or []:
+            state = "ok" if r["died"] is None else \
+                f"died ({r['died']}), {r['requeued']} q given back"
+            t.add_row(s["config"]["method"], str(r["rank"]), str(r["questions"]), state)
     return t
 
 
@@ -168,7 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     if not verbose:
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    with input_errors(PROG):
+    from gambit_search.data_parallel import rank_errors
+
+    with input_errors(PROG), rank_errors(PROG):
         cfgs = configs_from_args(a, given)
         cfg = cfgs[0]
         if cfg.rescore is not None:
