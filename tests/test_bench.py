@@ -102,8 +102,8 @@ def test_a_method_variant_gets_its_own_row_and_settings(tmp_path, fake_scorer):
         assert run_cfg["method"] == "gambit" and Path(run["dir"]).parent.name == run["method"]
         caps[run["method"]] = run_cfg["capacity"]
         swaps[run["method"]] = run_cfg["swap"]
-    # both set swap: the capacity rule leaves them alone (gambit: the default C = 32)
-    assert caps == {"gambit": 32, "gambit-c4": 4}
+    # gambit keeps the default C (scaled with N when it runs), gambit-c4 its own
+    assert caps == {"gambit": None, "gambit-c4": 4}
     assert swaps == {"gambit": 3, "gambit-c4": 2}
 
 
@@ -121,7 +121,6 @@ def test_a_method_variant_gets_its_own_row_and_settings(tmp_path, fake_scorer):
     (dict(n="8,x"), {}, "--n takes positive integers"),
     (dict(n="8,0"), {}, "--n takes positive integers"),
     (dict(n="8,8"), {}, "names a budget twice"),
-    (dict(capacity_rule="third"), {}, "--capacity-rule must be one of"),
 ])
 def test_bad_input_is_refused_before_any_engine(tmp_path, fake_scorer, kw, sets, msg):
     # engine="vllm": had anything started vLLM, this would take a minute and need the model
@@ -161,8 +160,8 @@ def test_a_flag_given_at_its_default_value_wins_over_the_config_file(tmp_path):
 
 
 def test_a_budget_sweep_has_a_row_per_method_and_n(tmp_path, fake_scorer):
-    """--n 4,8: every method at each N into its own n<N> directory, C and K by the capacity
-    rule (half: C = N/2, K = 1 below gambit-solve's 2 x 32), the frontier figure drawn."""
+    """--n 4,8: every method at each N into its own n<N> directory at gambit-solve's
+    defaults for that N, the frontier figure drawn."""
     cfg = _cfg(tmp_path, fake_scorer, n="4,8", datasets="toy:val:3", seeds="0,1")
     res = bench(cfg, {"gambit": {"interval": 3, "warmup": 4}}, progress=False)
     assert [(r["method"], r["n"]) for r in res["table"]] == [
@@ -174,8 +173,8 @@ def test_a_budget_sweep_has_a_row_per_method_and_n(tmp_path, fake_scorer):
         assert Path(run["dir"]).parent.name == f"n{run['n']}"
         run_cfg = json.loads(Path(run["dir"], "run_config.json").read_text())
         assert run_cfg["n"] == run["n"]
-        if run["method"] == "gambit":
-            assert (run_cfg["capacity"], run_cfg["swap"]) == (run["n"] // 2, 1)
+        if run["method"] == "gambit":  # gambit-solve's defaults: scaled with N at run time
+            assert (run_cfg["capacity"], run_cfg["swap"]) == (None, None)
     for r in res["table"]:
         assert r["questions"] == 6 and r["seeds"] == 2
         if r["method"] == "sc":  # SC votes on exactly N
@@ -184,30 +183,10 @@ def test_a_budget_sweep_has_a_row_per_method_and_n(tmp_path, fake_scorer):
     assert "| toy:val:3 | sc | 4 | 2 | 6 |" in md and "| toy:val:3 | sc | 8 | 2 | 6 |" in md
     assert any(f.endswith("accuracy_vs_tokens.png") and Path(f).stat().st_size > 5000
                for f in res["figures"])
-    # "solve": gambit-solve's defaults (C = min(32, N), K = 2) at every N
     solo = bench(_cfg(tmp_path, fake_scorer, out=str(tmp_path / "s"), n="4",
-                      methods="gambit", datasets="toy:val:3", seeds="0",
-                      capacity_rule="solve"), {}, progress=False, figures=False)
-    run_cfg = json.loads(Path(solo["runs"][0]["dir"], "run_config.json").read_text())
+                      methods="gambit", datasets="toy:val:3", seeds="0"), {},
+                 progress=False, figures=False)
     assert Path(solo["runs"][0]["dir"]).parent.name == "gambit"  # one N: no n<N> level
-    assert (run_cfg["capacity"], run_cfg["swap"]) == (32, 2)
-
-
-def test_capacity_rule_keeps_gambit_solve_defaults_from_2c():
-    from gambit_search.bench import capacity_params
-    from gambit_search.methods import get_method
-    from gambit_search.methods.gambit import GambitParams
-
-    c0, k0 = GambitParams().capacity, GambitParams().swap
-    g = get_method("gambit")
-    for n in (8, 16, 32, 2 * c0, 4 * c0):
-        got = capacity_params(g, n, "half")
-        c = max(2, min(c0, n // 2))
-        assert got == {"capacity": c, "swap": max(1, k0 * c // c0)}
-    assert capacity_params(g, 2 * c0, "half") == {"capacity": c0, "swap": k0}
-    assert capacity_params(g, 8, "solve") == {}
-    assert capacity_params(g, 2, "half") == {"capacity": 2, "swap": 1}  # C >= 2K
-    assert capacity_params(get_method("sc"), 8, "half") == {}  # no capacity
 
 
 @pytest.mark.parametrize("n", [1, 7, 64, 100, 1000])

@@ -652,7 +652,7 @@ def test_flags_given_win_over_the_preset():
         (32, 16, True, 16, 0.6)
     (d,) = configs_from_args(vars(build_parser().parse_args(["--dataset", "toy:val:2"]))
                              | {"question": None})  # no preset: the toy defaults
-    assert (d.n, d.params.capacity, d.params.branch_point) == (64, 32, "boundary")
+    assert (d.n, d.params.capacity, d.params.branch_point) == (64, None, "boundary")
 
 
 def test_an_unknown_preset_is_a_one_line_error():
@@ -662,3 +662,44 @@ def test_an_unknown_preset_is_a_one_line_error():
     with pytest.raises(InputError, match="--preset must be one of paper, got 'fast'") as e:
         make_config(preset="fast")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("n, want", [(2, (2, 1)), (4, (2, 1)), (8, (4, 1)), (16, (8, 1)),
+                                     (32, (16, 1)), (64, (32, 2)), (128, (32, 2)),
+                                     (256, (32, 2))])
+def test_gambit_capacity_and_swap_scale_with_the_budget(n, want):
+    """The defaults the issue-29 tables measured: C = min(32, N/2), K = max(1, C/16), which
+    gambit-solve and gambit-bench both run (bench has no rule of its own)."""
+    from gambit_search.methods.gambit import GambitParams, capacity_swap, tournament_config
+
+    assert capacity_swap(GambitParams(), n) == want
+    t = tournament_config(GambitParams(), n)
+    assert (t.capacity, t.swap, t.budget) == (*want, n)
+
+
+def test_a_given_capacity_or_swap_wins_over_the_scaling():
+    from gambit_search.methods.gambit import GambitParams, capacity_swap
+
+    assert capacity_swap(GambitParams(capacity=16), 64) == (16, 1)  # K follows the given C
+    assert capacity_swap(GambitParams(capacity=256, swap=16), 64) == (64, 16)  # C <= N
+    assert capacity_swap(GambitParams(swap=3), 6) == (6, 3)  # room for the given K: C >= 2K
+    assert capacity_swap(GambitParams(swap=4), 64) == (32, 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(2, 4096), c=st.one_of(st.none(), st.integers(2, 512)),
+       k=st.one_of(st.none(), st.integers(1, 64)))
+def test_scaled_capacity_is_always_a_valid_tournament(n, c, k):
+    """C <= N always; with C or K left to the scaling, C >= 2K >= 2 (a round can run)."""
+    from gambit_search.methods.gambit import GambitParams, capacity_swap, tournament_config
+    from gambit_search.tournament import TournamentConfigError
+
+    cap, swap = capacity_swap(GambitParams(capacity=c, swap=k), n)
+    assert 1 <= cap <= n and swap >= 1
+    if c is None or k is None:  # one of them scaled: valid unless a given K cannot fit N
+        assert cap >= 2 * swap or (c is None and 2 * k > n)
+    try:
+        tournament_config(GambitParams(capacity=c, swap=k), n)
+        assert cap >= 2 * swap
+    except TournamentConfigError:
+        assert cap < 2 * swap

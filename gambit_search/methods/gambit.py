@@ -3,8 +3,9 @@
     gambit-solve --method gambit --n 64 --capacity 32 --swap 2 --interval 32 --warmup 16 --dataset toy:test:200
 
 ``--n`` is the budget N of completed traces that vote; ``--capacity`` is C, the traces kept
-active at once (at most N; the toy default C = 32 at N = 64 was chosen on val, the paper
-runs C = N = 256). Answers by the score-weighted vote.
+active at once (at most N). By default C and K scale with N (:func:`capacity_swap`: C =
+min(32, N/2), K = max(1, C/16); chosen on toy val, docs/SEARCH.md); the paper runs C = N =
+256, K = 16. Answers by the score-weighted vote.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ class GambitParams:
     (docs/RESULTS.md, "Accuracy at equal budgets"); the paper's for real reasoning models in
     brackets."""
 
-    capacity: int | None = 32
-    """Gambit's C, logically active traces per question, at most n (None: n) [paper 256]."""
-    swap: int = 2
-    """Gambit's K, traces swapped per round [paper 16]."""
+    capacity: int | None = None
+    """Gambit's C, logically active traces per question, at most n (None: scaled with the
+    budget, min(32, N/2) and at least 2) [paper 256]."""
+    swap: int | None = None
+    """Gambit's K, traces swapped per round (None: max(1, C/16), at most C/2) [paper 16]."""
     interval: int = 32
     """Gambit's D, decode steps of a question between rounds [paper 200]."""
     warmup: int = 16
@@ -56,16 +58,38 @@ class GambitParams:
     their question's traces runs)."""
 
 
+AUTO_CAPACITY = 32
+"""C at N >= 64 when ``--capacity`` is not given (half the budget below that)."""
+AUTO_SWAP = 2
+"""K at C = AUTO_CAPACITY when ``--swap`` is not given (scaled with C below that)."""
+
+
+def capacity_swap(params: GambitParams, n: int) -> tuple[int, int]:
+    """Gambit's C and K at budget ``n``: the given ones, or scaled with the budget. C =
+    min(32, n/2) (at least 2, and 2K where K is given; at most n: more never run) and K =
+    max(1, 2C/32) (at most C/2: a round prunes K and keeps K parents) are the settings
+    measured on toy val and test (docs/SEARCH.md, "A scorer trained on prefix labels");
+    from N = 64 on they are C = 32, K = 2."""
+    c = params.capacity
+    if c is None:  # a given K keeps its room: C >= 2K
+        c = max(2, min(AUTO_CAPACITY, n // 2), 2 * (params.swap or 0))
+    c = min(int(c), n)
+    k = (params.swap if params.swap is not None
+         else min(max(1, AUTO_SWAP * c // AUTO_CAPACITY), max(1, c // 2)))
+    return c, int(k)
+
+
 def _capacity(params: GambitParams, n: int) -> int:
-    return min(int(params.capacity or n), n)  # C <= N: more never run
+    return capacity_swap(params, n)[0]
 
 
 def tournament_config(params: GambitParams, n: int, max_tokens: int | None = None
                       ) -> TournamentConfig:
     """The :class:`TournamentConfig` of Gambit's parameters and budget ``n`` (raises
     TournamentConfigError, a ValueError, with one line)."""
+    c, k = capacity_swap(params, n)
     return TournamentConfig(
-        capacity=_capacity(params, n), swap=params.swap, interval=params.interval,
+        capacity=c, swap=k, interval=params.interval,
         warmup=params.warmup, floor=params.floor, child_temperature=params.child_temperature,
         budget=n, ghosts=params.ghosts, revive=params.revive, branch_point=params.branch_point,
         parents=params.parents, drain=params.drain, interval_unit=params.interval_unit,

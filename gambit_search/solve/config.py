@@ -31,7 +31,9 @@ from gambit_search.engines import EngineSettings
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = EngineSettings.model
 """The shipped toy policy (:attr:`EngineSettings.model`'s default)."""
-DEFAULT_SCORER = str(REPO / "checkpoints" / "toy-scorer-seq" / "ckpt.pt")
+DEFAULT_SCORER = str(REPO / "checkpoints" / "toy-scorer-seq-prefix" / "ckpt.pt")
+"""The shipped SeqScorer trained on prefix labels (checkpoints/toy-scorer-seq-prefix/README.md):
+the one the issue-29 tables measured, chosen on val."""
 PROG = "gambit-solve"
 
 SCORER_DEVICES = ("cpu", "cuda", "auto")
