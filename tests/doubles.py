@@ -25,3 +25,19 @@ class RandomScorer:
 
     def score(self, items, logprobs=None):
         return [random.Random(hash((self.seed, k, j))).random() for k, _, j in items]
+
+
+def count_starts(engines, setattr=setattr) -> dict[int, int]:
+    """Traces started (spawned or forked) on each rank's engine, counted as they happen
+    (``setattr``: ``monkeypatch.setattr`` to put the engines back after the test)."""
+    started = {r: 0 for r in range(len(engines))}
+    for rank, eng in enumerate(engines):
+        for name in ("add_trace", "fork"):
+            real = getattr(eng, name)
+
+            def counted(*a, _real=real, _rank=rank, **kw):
+                started[_rank] += 1
+                return _real(*a, **kw)
+
+            setattr(eng, name, counted)
+    return started

@@ -15,6 +15,7 @@ from gambit_search._vllm_internals.placement import RANK_ENV, rank_envs, split
 from gambit_search.data_parallel import Engines, RankDied, least_loaded
 from gambit_search.engines import EngineSettings, get_engine_kind
 from gambit_search.solve import make_config, solve
+from tests.doubles import count_starts
 
 TIMING = {"wall_s", "rank"}
 """Result keys that may differ between runs of the same questions."""
@@ -102,21 +103,6 @@ def _outputs(out: Path) -> dict[str, tuple[dict, dict]]:
             for r in rows}
 
 
-def _count_starts(engines: Engines) -> dict[int, int]:
-    """Traces started (spawned or forked) on each rank's engine, counted as they happen."""
-    started = {r: 0 for r in range(len(engines))}
-    for rank, eng in enumerate(engines):
-        for name in ("add_trace", "fork"):
-            real = getattr(eng, name)
-
-            def counted(*a, _real=real, _rank=rank, **kw):
-                started[_rank] += 1
-                return _real(*a, **kw)
-
-            setattr(eng, name, counted)
-    return started
-
-
 @pytest.mark.parametrize("method", ["gambit", "sc"])
 def test_two_ranks_give_one_engines_results_each_search_on_one_rank(tmp_path, fake_scorer,
                                                                     method):
@@ -124,7 +110,7 @@ def test_two_ranks_give_one_engines_results_each_search_on_one_rank(tmp_path, fa
     solve(_cfg(tmp_path / "k1", fake_scorer, method=method), engine=one[0],
           decode=one[0].decode, progress=False)
     two = _fake_ranks(2)
-    started = _count_starts(two)
+    started = count_starts(two)
     s = solve(_cfg(tmp_path / "k2", fake_scorer, method=method, data_parallel_size=2),
               engine=two, decode=two[0].decode, progress=False)
     assert _outputs(tmp_path / "k2") == _outputs(tmp_path / "k1")
@@ -232,7 +218,7 @@ def _harvest(out: Path, engines=None, k: int = 1):
 def test_harvest_on_two_ranks_writes_one_engines_shards_each_chunk_on_one_rank(tmp_path):
     _harvest(tmp_path / "k1")
     two = _fake_ranks(2)
-    started = _count_starts(two)
+    started = count_starts(two)
     _harvest(tmp_path / "k2", two, 2)
     assert _shards(tmp_path / "k2") == _shards(tmp_path / "k1")
     assert (tmp_path / "k2" / "manifest.json").exists()

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.doubles import count_starts
+
 pytestmark = pytest.mark.slow
 psutil = pytest.importorskip("psutil")
 
@@ -119,21 +121,6 @@ def _decode(engine):
     return lambda ids: engine.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def _count_starts(engines, monkeypatch) -> dict[int, int]:
-    """Traces started (spawned or forked) on each rank's engine, counted as they happen."""
-    started = {r: 0 for r in range(len(engines))}
-    for rank, eng in enumerate(engines):
-        for name in ("add_trace", "fork"):
-            real = getattr(eng, name)
-
-            def counted(*a, _real=real, _rank=rank, **kw):
-                started[_rank] += 1
-                return _real(*a, **kw)
-
-            monkeypatch.setattr(eng, name, counted)
-    return started
-
-
 @pytest.mark.parametrize("method", ["sc", "bon"])
 def test_solve_on_two_ranks_gives_one_engines_results(ranks, one_rank, tmp_path, monkeypatch,
                                                       method):
@@ -141,7 +128,7 @@ def test_solve_on_two_ranks_gives_one_engines_results(ranks, one_rank, tmp_path,
 
     engines, _ = ranks
     k1 = one_rank(method)
-    started = _count_starts(engines, monkeypatch)
+    started = count_starts(engines, monkeypatch.setattr)
     s = solve(_cfg(tmp_path / "k2", 2, method), engine=engines, decode=_decode(engines[0]),
               progress=False)
     assert s["questions"] == 8 and s["failed"] == 0
@@ -179,7 +166,7 @@ def test_serve_spreads_16_requests_over_both_ranks_each_search_on_one(ranks, mon
     from gambit_search.serve.cli import ServeConfig, build_state
 
     engines, _ = ranks
-    started = _count_starts(engines, monkeypatch)
+    started = count_starts(engines, monkeypatch.setattr)
     state, _ = build_state(ServeConfig(data_parallel_size=2, max_live=RUN["max_live"],
                                        kv_cache=RUN["kv_cache"], n=8,
                                        params={"capacity": 4}), engines=engines)
