@@ -37,8 +37,8 @@ Per-trace seeds depend only on (seed, question, trace) (:func:`~gambit_core.runi
 and a question's rounds count its own steps, so a method whose traces depend on their seeds
 alone (SC, BoN) gives the same results on any K (memory pressure aside), and so does every
 method on the lock-step fake engine. On vLLM a Gambit tree also depends on the step at which
-each score reaches the driver (the worker's rows arrive asynchronously): K = 2 gave other
-Gambit trees than K = 1 (the same would be expected of two K = 1 runs; not measured).
+each score reaches the driver (the worker's rows arrive asynchronously), so two Gambit runs
+differ even on one engine (scripts/gambit_repeat.py: 2 of 8 toy questions alike).
 
 **A rank that dies** (its engine process killed, say): its unfinished questions go back to
 the front of the queue for the other ranks, with one line on stderr; when no rank is left,

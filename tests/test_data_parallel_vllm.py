@@ -28,8 +28,9 @@ TOY = REPO / "checkpoints" / "toy-policy"
 RUN = {"dataset": "toy:test:8", "method": "sc", "n": 8, "max_live": 64, "kv_cache": 0.125}
 """The gambit-solve run of the module (also its flags for the command-line rerun). SC and
 BoN, not Gambit: on vLLM a Gambit tree depends on the step at which each score reaches the
-driver (the worker's rows arrive asynchronously, a step or two after their tokens), and K = 2
-gave other Gambit trees than K = 1; SC's and BoN's traces depend on their seeds alone."""
+driver (the worker's rows arrive asynchronously, a step or two after their tokens), so two
+Gambit runs differ even on one engine (scripts/gambit_repeat.py); SC's and BoN's traces
+depend on their seeds alone."""
 
 
 @pytest.fixture(scope="module")
