@@ -9,6 +9,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from gambit_search.solve.config import REPO
+
+TOY_SEQ = REPO / "checkpoints" / "toy-scorer-seq" / "ckpt.pt"
+"""The session engine's worker scorer (tests/conftest.py)."""
+
 pytestmark = pytest.mark.slow
 
 
@@ -144,8 +149,11 @@ def test_gambit_scores_in_the_worker_or_in_the_driver(engine, decode, tmp_path, 
     scores; without, the driver scores the shipped states. Both keep the budget."""
     from gambit_search.solve import make_config, solve
 
+    # the session engine's worker scorer (conftest), not gambit-solve's default since fccda3f:
+    # a run whose scorer is not the worker's is scored in the driver
     cfg = make_config(dataset="toy:test:3", method="gambit", n=8, capacity=4, swap=2,
-                      interval=4, warmup=24, score_in_engine=in_engine, out=str(tmp_path))
+                      interval=4, warmup=24, score_in_engine=in_engine, out=str(tmp_path),
+                      scorer=str(TOY_SEQ))
     s = solve(cfg, engine=engine, decode=decode, progress=False)
     assert s["questions"] == 3 and s["failed"] == 0
     assert (s["timing"]["scoring_s"] == 0) == in_engine  # who ran the scorer
