@@ -403,7 +403,10 @@ class Engine(ABC):
 
     @abstractmethod
     def memory(self) -> MemorySnapshot:
-        """Memory pressure as of the last step."""
+        """Memory pressure as of the last step. An engine whose core steps on in a process of
+        its own (vLLM) reports the stats of the last output the driver read, which may predate
+        aborts and evictions issued just before that step: their KV shows as freed a step or
+        two later."""
 
     @abstractmethod
     def has_unfinished(self) -> bool:

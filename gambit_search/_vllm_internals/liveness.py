@@ -13,7 +13,10 @@ at the dead flag every :data:`POLL_S` seconds and returns an ``EngineDeadError``
 waiting on: ``get_output`` raises any exception it dequeues (as ``EngineDeadError`` once the
 engine is dead). Nothing changes while the engine lives: a waiting ``get`` wakes as soon as an
 output arrives. Feature-detected: a client without ``outputs_queue`` (a plain
-``queue.Queue``) and ``resources.engine_dead`` is left as it is (vLLM 0.26.0: not checked).
+``queue.Queue``) and ``resources.engine_dead`` is left as it is. vLLM 0.26.0 (GPU, H100,
+2026-12-07): the same ``SyncMPClient`` with a plain ``queue.Queue`` and ``engine_dead``; the
+patch takes and the engine generates on (``docs/results/gpu_h100/2026-12-07/liveness.txt``);
+a killed EngineCore was not tried there.
 """
 
 from __future__ import annotations
