@@ -479,16 +479,19 @@ def _label_kinds(out: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from gambit_core.cli import add_dataclass_args, input_errors
+    from gambit_core.cli import add_dataclass_args, add_verbose_arg, input_errors, quiet_logs
 
     p = argparse.ArgumentParser(prog="gambit-harvest", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    add_verbose_arg(p)
     add_dataclass_args(p, HarvestConfig, required=("out",))
-    a = p.parse_args(argv)
+    a = vars(p.parse_args(argv))
+    quiet_logs(a.pop("verbose"))
     from gambit_search.data_parallel import rank_errors
 
     with input_errors(p.prog), rank_errors(p.prog):
-        harvest(HarvestConfig(**vars(a)))
+        harvest(HarvestConfig(**a))
 
 
 if __name__ == "__main__":

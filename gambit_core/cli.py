@@ -11,6 +11,8 @@ argparse options built from a config dataclass, each field's docstring as its he
 - a field whose metadata says ``"flag": False`` gets no option (one the application sets);
 - a field of a base class (the sampling fields of :class:`gambit_core.sampling.SamplingConfig`,
   say) is documented once, where it is declared;
+- :func:`add_verbose_arg` / :func:`quiet_logs`: one ``-v/--verbose`` and quiet logs by default
+  (vLLM at ERROR, transformers at error) for every console script that starts an engine;
 - :func:`input_errors` turns :class:`~gambit_core.errors.InputError` into one line on stderr
   and exit status 2, the same as argparse's own for a bad flag.
 
@@ -25,6 +27,7 @@ import ast
 import contextlib
 import dataclasses
 import inspect
+import os
 import sys
 import textwrap
 import types
@@ -97,6 +100,19 @@ def add_dataclass_args(p: argparse.ArgumentParser, cls: type, *, required: Itera
                            help=help_.strip(), **kw)
         else:
             p.add_argument(flag, dest=dest, type=typ, help=help_.strip(), **kw)
+
+
+def add_verbose_arg(p: argparse.ArgumentParser, what: str = "vLLM's INFO logs") -> None:
+    """The console scripts' one ``-v/--verbose`` flag (read by :func:`quiet_logs`)."""
+    p.add_argument("-v", "--verbose", action="store_true", help=f"show {what}")
+
+
+def quiet_logs(verbose: bool) -> None:
+    """Quiet vLLM and transformers unless ``verbose`` (call before anything imports them; a
+    level the user set in the environment wins)."""
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 @contextlib.contextmanager

@@ -284,9 +284,8 @@ def bench(cfg: BenchConfig, sets: dict | None = None, *, engine: Any = None, dec
 
 
 def main(argv: list[str] | None = None) -> None:
-    import os
 
-    from gambit_core.cli import add_dataclass_args, input_errors
+    from gambit_core.cli import add_dataclass_args, add_verbose_arg, input_errors, quiet_logs
 
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -294,12 +293,10 @@ def main(argv: list[str] | None = None) -> None:
     add_dataclass_args(p, BenchConfig, required=("out",), defaults=False)
     p.add_argument("--set", nargs="*", default=[], metavar="METHOD.PARAM=VALUE",
                    help="a gambit-solve parameter for one method, e.g. gambit.swap=2")
-    p.add_argument("-v", "--verbose", action="store_true", help="show vLLM's INFO logs")
+    add_verbose_arg(p)
     a = vars(p.parse_args(argv))
     sets, verbose = a.pop("set"), a.pop("verbose")
-    if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    quiet_logs(verbose)
     from gambit_search.data_parallel import rank_errors
 
     with input_errors(PROG), rank_errors(PROG):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 
 import pytest
 
@@ -71,3 +72,31 @@ def test_dtype_reaches_the_vllm_engine_config(monkeypatch):
     monkeypatch.setattr(ve, "VLLMEngine", lambda cfg: seen.setdefault("cfg", cfg))
     get_engine_kind("vllm").start(EngineSettings(dtype="bfloat16", kv_cache=0.5))
     assert (seen["cfg"].dtype, seen["cfg"].kv_cache_memory_bytes) == ("bfloat16", 1 << 29)
+
+
+@pytest.mark.parametrize("entry", ["data_pipelines.harvest:main", "gambit_search.solve.cli:main",
+                                   "gambit_search.serve.cli:main", "gambit_search.bench:main"])
+def test_every_engine_app_has_one_verbose_flag(entry, capsys):
+    """Each console script that starts an engine is quiet by default and says so in --help."""
+    import importlib
+
+    mod, fn = entry.split(":")
+    with pytest.raises(SystemExit):
+        getattr(importlib.import_module(mod), fn)(["--help"])
+    out = capsys.readouterr().out
+    assert "-v, --verbose" in out and "show vLLM's" in out
+
+
+def test_quiet_logs_quiets_unless_verbose_and_a_user_level_wins(monkeypatch):
+    from gambit_core.cli import quiet_logs
+
+    for var in ("VLLM_LOGGING_LEVEL", "TRANSFORMERS_VERBOSITY"):
+        monkeypatch.delenv(var, raising=False)
+    quiet_logs(verbose=True)
+    assert "VLLM_LOGGING_LEVEL" not in os.environ
+    quiet_logs(verbose=False)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"
+    assert os.environ["TRANSFORMERS_VERBOSITY"] == "error"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    quiet_logs(verbose=False)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"

@@ -120,14 +120,14 @@ def build_state(cfg: ServeConfig, engines: list[Any] | None = None) -> tuple[Any
 
 
 def main(argv: list[str] | None = None) -> None:
-    from gambit_core.cli import add_dataclass_args, input_errors
+    from gambit_core.cli import add_dataclass_args, add_verbose_arg, input_errors, quiet_logs
     from gambit_search.methods import param_classes
     from gambit_search.solve.config import flat_name
 
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("-v", "--verbose", action="store_true", help="show vLLM's and uvicorn's logs")
+    add_verbose_arg(p, "vLLM's and uvicorn's logs")
     add_dataclass_args(p, ServeConfig, skip=("params",))
     flat_names: list[str] = []
     for cls, prefix in param_classes().items():
@@ -137,9 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     a = vars(p.parse_args(argv))
     verbose = a.pop("verbose")
     params = {k: a.pop(k) for k in flat_names if k in a}
-    if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    quiet_logs(verbose)
     with input_errors(PROG):
         cfg = ServeConfig(**a, params=params)
         state, engines = build_state(cfg)

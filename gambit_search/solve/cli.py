@@ -137,14 +137,14 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     """gambit-solve's parser: the run's flags, then every method's parameters
     (``defaults=False``: a flag not given stays out of the namespace, so a preset can tell
     the flags given from the defaults)."""
-    from gambit_core.cli import add_dataclass_args
+    from gambit_core.cli import add_dataclass_args, add_verbose_arg
     from gambit_search.methods import param_classes
 
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("question", nargs="?", default=None, help="one question as text")
-    p.add_argument("-v", "--verbose", action="store_true", help="show vLLM's INFO logs")
+    add_verbose_arg(p)
     add_dataclass_args(p, SolveConfig, skip=("params",), defaults=defaults)
     for cls, prefix in param_classes().items():
         g = p.add_argument_group(f"{cls.__name__} ({(cls.__doc__ or '').splitlines()[0]})")
@@ -176,7 +176,7 @@ def configs_from_args(a: dict, given: set[str] | None = None) -> list[SolveConfi
 
 
 def main(argv: list[str] | None = None) -> None:
-    from gambit_core.cli import input_errors
+    from gambit_core.cli import input_errors, quiet_logs
     from gambit_search.solve.rescore import rescore
     from gambit_search.solve.run import solve, solve_methods
 
@@ -184,9 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     a = vars(p.parse_args(argv))
     given = set(vars(build_parser(defaults=False).parse_args(argv)))
     question, verbose = a.pop("question"), a.pop("verbose")
-    if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    quiet_logs(verbose)
     from gambit_search.data_parallel import rank_errors
 
     with input_errors(PROG), rank_errors(PROG):
