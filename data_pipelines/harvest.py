@@ -38,7 +38,6 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -281,26 +280,6 @@ def _check_config(out: Path, cfg: HarvestConfig, ident: dict) -> None:
     claim_dir(out, CONFIG_NAME, want, what="harvest")
 
 
-def majority_correct(answers: Sequence[str | None], correct: Sequence[bool]) -> tuple[str | None, bool]:
-    """The majority answer of one question's traces and whether it is right.
-
-    The vote pools answers over math-verify equivalence bins
-    (:func:`gambit_core.vote_bins.majority_vote`: "1/2", "0.5" and "\\frac{1}{2}" are one
-    answer; None and empty answers do not vote). The winner is its bin's representative,
-    itself one trace's answer, so its correctness is that trace's graded ``correct``: no
-    second grading, and a majority verdict never disagrees with the per-trace grade of the
-    answer it outputs. ``(None, False)`` when no trace has an answer.
-    """
-    from gambit_core.vote_bins import majority_vote
-
-    if len(answers) != len(correct):
-        raise ValueError(f"{len(answers)} answers but {len(correct)} verdicts")
-    winner = majority_vote(answers)
-    if winner is None:
-        return None, False
-    return winner, bool(next(c for a, c in zip(answers, correct, strict=True) if a == winner))
-
-
 def summarize(out: Path) -> dict:
     """Accuracy, pass@n, majority@n, tokens and boundaries per trace over the shards present."""
     import pyarrow.dataset as pads
@@ -313,6 +292,8 @@ def summarize(out: Path) -> dict:
     by_q: dict[str, list] = {}
     for qid, a, c in zip(d["question_id"], d["answer"], d["correct"], strict=True):
         by_q.setdefault(qid, []).append((a, c))
+    from gambit_core.vote_bins import majority_correct
+
     maj = sum(majority_correct([a for a, _ in rows], [c for _, c in rows])[1] for rows in by_q.values())
     n = len(d["correct"])
     return {

@@ -15,7 +15,7 @@ one answer).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from gambit_core.grading import is_equivalent, normalize_answer
@@ -111,3 +111,22 @@ def majority_vote(
         if a is not None and a.strip():
             bins.add(a, w)
     return bins.winner()
+
+
+def majority_correct(answers: Sequence[str | None],
+                     correct: Sequence[bool]) -> tuple[str | None, bool]:
+    """The majority answer of one question's traces and whether it is right.
+
+    The vote pools answers over math-verify equivalence bins
+    (:func:`majority_vote`: "1/2", "0.5" and "\\frac{1}{2}" are one
+    answer; None and empty answers do not vote). The winner is its bin's representative,
+    itself one trace's answer, so its correctness is that trace's graded ``correct``: no
+    second grading, and a majority verdict never disagrees with the per-trace grade of the
+    answer it outputs. ``(None, False)`` when no trace has an answer.
+    """
+    if len(answers) != len(correct):
+        raise ValueError(f"{len(answers)} answers but {len(correct)} verdicts")
+    winner = majority_vote(answers)
+    if winner is None:
+        return None, False
+    return winner, bool(next(c for a, c in zip(answers, correct, strict=True) if a == winner))

@@ -1,9 +1,10 @@
 """The package graph runs one way (docs/ARCHITECTURE.md), read from the source.
 
 Every ``import`` of every module counts, those inside functions included. Layers, bottom up:
-``gambit_core`` < ``gambit_scorer`` < ``gambit_search`` < ``data_pipelines``; a module may
-import its own layer and those below. No two modules may import each other, directly or
-around a circle.
+``gambit_core`` < ``gambit_scorer`` < ``gambit_search`` < ``data_pipelines`` < the apps (the
+console scripts' modules, :data:`APPS`, which live in the folders of the libraries they drive);
+a module may import its own layer and those below. No two modules may import each other,
+directly or around a circle.
 """
 
 from __future__ import annotations
@@ -13,6 +14,18 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = ["gambit_core", "gambit_scorer", "gambit_search", "data_pipelines"]
+APPS = ("data_pipelines.harvest", "gambit_search.solve", "gambit_search.serve",
+        "gambit_search.bench", "gambit_search.bench_plots", "gambit_search.bench_tables")
+"""The applications layer, above every library: gambit-harvest, -solve, -serve and -bench (a
+name covers its submodules). gambit-train is Hydra's ``gambit_scorer.train``, in its layer."""
+
+
+def layer(module: str) -> int:
+    """``module``'s layer: its package's index in :data:`LAYERS`, or one above them all for
+    an app."""
+    if any(module == a or module.startswith(a + ".") for a in APPS):
+        return len(LAYERS)
+    return LAYERS.index(module.split(".")[0])
 
 
 def _modules() -> dict[str, Path]:
@@ -59,8 +72,7 @@ def _graph(mods: dict[str, Path] | None = None) -> dict[str, set[str]]:
 
 def upward_imports(g: dict[str, set[str]]) -> list[str]:
     """``"a -> b"`` for each import in ``g`` that runs up a layer."""
-    return sorted(f"{m} -> {t}" for m, ts in g.items() for t in ts
-                  if LAYERS.index(t.split(".")[0]) > LAYERS.index(m.split(".")[0]))
+    return sorted(f"{m} -> {t}" for m, ts in g.items() for t in ts if layer(t) > layer(m))
 
 
 def circles(g: dict[str, set[str]]) -> list[list[str]]:
@@ -113,6 +125,22 @@ def test_no_import_runs_up_a_layer():
 
 def test_no_module_circles():
     assert circles(_graph()) == []
+
+
+def test_the_apps_are_the_top_layer():
+    """Each console script's module is an app, and the apps' layer is above every library
+    (an import of an app from a library is upward: planted below)."""
+    import tomllib
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    for name, target in scripts.items():
+        mod = target.split(":")[0]
+        assert layer(mod) == (len(LAYERS) if name != "gambit-train" else 1), name
+    g = {"data_pipelines.toy.evaluate": {"data_pipelines.harvest"},
+         "gambit_search.driver": {"gambit_search.solve.config"},
+         "gambit_search.bench": {"gambit_search.solve.run", "data_pipelines.toy.task"}}
+    assert upward_imports(g) == ["data_pipelines.toy.evaluate -> data_pipelines.harvest",
+                                 "gambit_search.driver -> gambit_search.solve.config"]
 
 
 def test_the_checks_see_a_planted_circle_and_upward_import(tmp_path):

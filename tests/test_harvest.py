@@ -229,7 +229,7 @@ def test_summary_majority_can_also_lose_to_a_bin(tmp_path):
 
 
 def test_majority_correct_reuses_the_winning_traces_grade():
-    from data_pipelines.harvest import majority_correct
+    from gambit_core.vote_bins import majority_correct
 
     assert majority_correct(HALF, [True, True, True, False, False]) == ("0.5", True)
     # the winner's verdict is its own trace's grade (the representative: the bin's first answer)

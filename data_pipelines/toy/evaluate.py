@@ -191,10 +191,10 @@ def mean_se(x) -> tuple[float, float]:
 def question_votes(gold: str, texts: list[str]) -> tuple[list[bool], bool]:
     """Per-trace correctness of one question's completions (``grade``: last boxed answer,
     math-verify equivalence) and whether their majority answer is right. The vote pools
-    equivalent answers ("1/2", "0.5") in one bin (``data_pipelines.harvest.majority_correct``),
+    equivalent answers ("1/2", "0.5") in one bin (``gambit_core.vote_bins.majority_correct``),
     as gambit-harvest's summary counts it."""
-    from data_pipelines.harvest import majority_correct
     from gambit_core.grading import grade
+    from gambit_core.vote_bins import majority_correct
 
     graded = [grade(gold, t) for t in texts]
     ok = [c for _, c in graded]
