@@ -395,7 +395,14 @@ def _run(cfg, out, questions, chunks, mine, shard, kind, engine_of, started, m_h
                          "its unwritten shards are left for the rerun of this command")
                 engine = engine[0]
             else:
-                _sample(cfg, engine, work, chunk_done, bar)
+                from gambit_search.data_parallel import RankDied, one_line
+                from gambit_search.engine import EngineDied
+
+                try:
+                    _sample(cfg, engine, work, chunk_done, bar)
+                except EngineDied as e:  # the written shards are kept
+                    raise RankDied(f"the engine died ({one_line(e)}): its unwritten shards are "
+                                   "left for the rerun of this command") from e
         finally:
             bar.close()
         sampling_seconds = time.time() - t0

@@ -69,6 +69,7 @@ __all__ = [
     "BoundaryEvent",
     "Delta",
     "Engine",
+    "EngineDied",
     "EngineError",
     "MemorySnapshot",
     "SamplingSpec",
@@ -85,6 +86,11 @@ TraceId = int
 
 class EngineError(RuntimeError):
     """A misuse of the engine or a bad input, with a one-line message."""
+
+
+class EngineDied(EngineError):
+    """The engine's own process died (vLLM's EngineCore killed, out of memory ...): nothing
+    more runs on it. Raised by :meth:`Engine.step`; a run keeps what it finished."""
 
 
 class TraceStatus(enum.StrEnum):

@@ -68,6 +68,7 @@ from gambit_search.engine import (
     BoundaryEvent,
     Delta,
     Engine,
+    EngineDied,
     EngineError,
     MemorySnapshot,
     SamplingSpec,
@@ -363,7 +364,7 @@ class VLLMEngine(Engine):
             self._live.clear()
         if self._live:
             t0, c0 = time.perf_counter(), time.thread_time()
-            ros = self._rt.engine.step()
+            ros = self._engine_step()
             self.timing["vllm_step_s"] += time.perf_counter() - t0
             self.timing["vllm_step_cpu_s"] += time.thread_time() - c0
             for ro in ros:
@@ -373,7 +374,7 @@ class VLLMEngine(Engine):
                 from gambit_search._vllm_internals import outputs_waiting
 
                 while self._live and outputs_waiting(self._rt.engine):
-                    for ro in self._rt.engine.step():
+                    for ro in self._engine_step():
                         self._on_output(ro, out)
                     self._steps += 1
                     self.timing["caught_up"] += 1
@@ -388,6 +389,17 @@ class VLLMEngine(Engine):
         if caught_up:  # several engine steps: still one delta per trace
             out.deltas = merge_deltas(out.deltas)
         return out
+
+    def _engine_step(self) -> list[Any]:
+        """vLLM's ``LLMEngine.step``, its EngineCore's death raised as :class:`EngineDied`."""
+        from gambit_search._vllm_internals import is_engine_death
+
+        try:
+            return self._rt.engine.step()
+        except Exception as e:
+            if is_engine_death(e):
+                raise EngineDied(f"vLLM's engine core died ({type(e).__name__})") from e
+            raise
 
     def _on_output(self, ro: Any, out: StepOutput) -> None:
         t = self._by_req.get(ro.request_id)

@@ -128,14 +128,14 @@ def test_two_ranks_give_one_engines_results_each_search_on_one_rank(tmp_path, fa
     assert not two
 
 
-def _die_after(engine, steps: int) -> None:
+def _die_after(engine, steps: int, error: type[Exception] = RuntimeError) -> None:
     """Make ``engine.step`` raise, as a killed vLLM engine does, after ``steps`` steps."""
     real, n = engine.step, [0]
 
     def step():
         n[0] += 1
         if n[0] > steps:
-            raise RuntimeError("EngineCore died\n(a second line)")
+            raise error("EngineCore died\n(a second line)")
         return real()
 
     engine.step = step
@@ -295,3 +295,60 @@ def test_a_dead_engine_core_fails_the_waiting_step_instead_of_hanging_it():
     waiter.join(5)
     assert not waiter.is_alive() and isinstance(got[0], EngineDeadError)
     assert not fail_fast_on_death(SimpleNamespace(llm_engine=SimpleNamespace(engine_core=None)))
+
+
+def test_one_engine_that_dies_ends_the_run_in_one_line_and_keeps_the_finished(
+        tmp_path, fake_scorer, capsys):
+    """K = 1: the engine's death (EngineDied) is the same one line as K ranks' and the rerun
+    resumes; any other error of the one engine keeps its traceback (a bug, not a death)."""
+    from gambit_search.data_parallel import rank_errors
+    from gambit_search.engine import EngineDied
+
+    one = _fake_ranks(1)
+    solve(_cfg(tmp_path / "ref", fake_scorer), engine=one[0], decode=one[0].decode,
+          progress=False)
+    dying = _fake_ranks(1)[0]
+    _die_after(dying, 40, EngineDied)
+    cfg = _cfg(tmp_path / "k1", fake_scorer)
+    with pytest.raises(SystemExit) as e, rank_errors("gambit-solve"):
+        solve(cfg, engine=dying, decode=dying.decode, progress=False)
+    assert e.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gambit-solve: error: the engine died (EngineDied: EngineCore died); ")
+    assert err.endswith("unfinished, the finished ones are kept: rerun to resume")
+    assert "\n" not in err and "second line" not in err
+    done = _outputs(tmp_path / "k1")
+    assert 0 < len(done) < 8
+    again = _fake_ranks(1)[0]
+    s = solve(cfg, engine=again, decode=again.decode, progress=False)
+    assert len(s["results"]) == 8 - len(done)
+    assert _outputs(tmp_path / "k1") == _outputs(tmp_path / "ref")
+    buggy = _fake_ranks(1)[0]
+    _die_after(buggy, 40, ZeroDivisionError)
+    with pytest.raises(ZeroDivisionError):
+        solve(_cfg(tmp_path / "bug", fake_scorer), engine=buggy, decode=buggy.decode,
+              progress=False)
+
+
+def test_a_harvest_on_one_engine_that_dies_keeps_its_written_shards(tmp_path):
+    from gambit_search.engine import EngineDied
+
+    _harvest(tmp_path / "k1")
+    one = _fake_ranks(1)
+    _die_after(one[0], 120, EngineDied)
+    with pytest.raises(RankDied, match=r"^the engine died \(EngineDied: EngineCore died\): its "
+                                       "unwritten shards are left for the rerun"):
+        _harvest(tmp_path / "k", one[0])
+    written = len(list((tmp_path / "k").glob("data/shard-*.parquet")))
+    assert 0 < written < 4
+    _harvest(tmp_path / "k", _fake_ranks(1)[0])
+    assert _shards(tmp_path / "k") == _shards(tmp_path / "k1")
+
+
+def test_vllms_engine_dead_error_is_an_engine_death():
+    pytest.importorskip("vllm")
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from gambit_search._vllm_internals import is_engine_death
+
+    assert is_engine_death(EngineDeadError()) and not is_engine_death(RuntimeError("x"))

@@ -27,7 +27,7 @@ One job per module:
 * :mod:`.metrics`: engine facts and metrics (:func:`engine_facts`, :func:`engine_metrics`);
   :mod:`.outputs`: reading vLLM's log-probs of a delta (:func:`token_logprobs`).
 * :mod:`.liveness`: a dead EngineCore makes ``step()`` raise instead of hang
-  (:func:`fail_fast_on_death`); :mod:`.placement`: the environment that pins a
+  (:func:`fail_fast_on_death`, :func:`is_engine_death`); :mod:`.placement`: the environment that pins a
   data-parallel rank's engine to its devices (:func:`rank_envs`).
 
 Only boundary rows cross the process boundary, and neither the engine core nor the driver
@@ -73,7 +73,7 @@ from gambit_search._vllm_internals.compat import (
     vllm_version_supported,
 )
 from gambit_search._vllm_internals.extension import WORKER_EXTENSION, GambitWorkerExtension
-from gambit_search._vllm_internals.liveness import fail_fast_on_death
+from gambit_search._vllm_internals.liveness import fail_fast_on_death, is_engine_death
 from gambit_search._vllm_internals.logprobs import SampledLogprobs
 from gambit_search._vllm_internals.metrics import engine_facts, engine_metrics
 from gambit_search._vllm_internals.outputs import outputs_waiting, token_logprobs
@@ -108,6 +108,7 @@ __all__ = [
     "extension",
     "fail_fast_on_death",
     "install_capture",
+    "is_engine_death",
     "liveness",
     "llm_workaround_kwargs",
     "logprobs",

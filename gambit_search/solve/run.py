@@ -256,6 +256,9 @@ def _drive(prep: Prepared, driver: Any, out: Path | None, progress: bool) -> lis
     rows: list[dict] = []
     right = graded = 0
     t0 = time.perf_counter()
+    from gambit_search.data_parallel import RankDied, one_line
+    from gambit_search.engine import EngineDied
+
     try:
         for r in driver.run(prep.todo):
             if out is not None:
@@ -273,6 +276,11 @@ def _drive(prep: Prepared, driver: Any, out: Path | None, progress: bool) -> lis
                                 tok_s=f"{driver.tokens / max(time.perf_counter() - t0, 1e-9):.0f}",
                                 **({"ranks": "/".join(str(x.questions) for x in ranks)}
                                    if ranks else {}))
+    except EngineDied as e:  # one engine (several: DataParallel says RankDied itself)
+        left = len(prep.todo) - len(rows)
+        raise RankDied(f"the engine died ({one_line(e)}); {left} question(s) unfinished, "
+                       + ("the finished ones are kept: rerun to resume" if out is not None
+                          else "nothing is kept without --out")) from e
     finally:
         if bar is not None:
             bar.close()
