@@ -54,6 +54,10 @@ Semantics (docs/SEARCH.md and docs/REFERENCE.md, "Gambit"); where ours differs i
   steps.
 - **Diversity** (``max_children``): a parent with that many children (ever) is no longer
   eligible, so the forks of a round spread over more parents (0: no cap, the reference).
+- **Prune budget** (``max_prunes``): a question prunes at most this many traces (floor and
+  swap alike, lowest ranked first); then rounds prune no more and the survivors finish, so
+  at most N + ``max_prunes`` traces start (errors aside): a cap on the search's exploration
+  cost (None: no cap, the reference).
 - **Temperature**: a root samples at the base temperature T, every child at T x
   ``child_temperature`` whatever its depth (the reference; multiplying the parent's own
   temperature would compound to T x m^depth).
@@ -140,6 +144,9 @@ class TournamentConfig:
     "thoughts" (scored boundaries per running trace)."""
     max_children: int = 0
     """Diversity cap: a parent with this many children is no longer eligible (0: none)."""
+    max_prunes: int | None = None
+    """Prune budget: at most this many traces pruned per question, then the survivors finish
+    (None: no cap)."""
     max_unique_tokens: int | None = None
     """Safety stop: end the question after this many unique tokens (None: no cap)."""
     parents: str = "top"
@@ -179,6 +186,9 @@ class TournamentConfig:
                 f"max_children must be >= 0 (0: no cap), got {self.max_children}")
         if self.parents not in ("top", "random"):
             raise TournamentConfigError(f"parents must be 'top' or 'random', got {self.parents!r}")
+        if self.max_prunes is not None and self.max_prunes < 0:
+            raise TournamentConfigError(
+                f"max_prunes must be >= 0 (None: no cap), got {self.max_prunes}")
         if self.max_unique_tokens is not None and self.max_unique_tokens < 1:
             raise TournamentConfigError(
                 f"max_unique_tokens must be >= 1, got {self.max_unique_tokens}")
@@ -445,15 +455,18 @@ class Tournament(NodeBook):
                            or (n.score is not None and n.length >= w)),
                           key=lambda n: _rank_key(n, w))
         victims: list[Node] = []
+        allowed = (len(rankable) if cfg.max_prunes is None
+                   else max(0, cfg.max_prunes - self.counts["prunes"]))
         if cfg.floor > 0:
             victims = [n for n in rankable if _rank_key(n, w)[0] and n.score < cfg.floor]  # type: ignore[operator]
+            victims = victims[:allowed]  # rankable is sorted worst first
         vset = {n.id for n in victims}
         rest = [n for n in rankable if n.id not in vset]
         parents = self._parents(vset)
         for v in victims:  # the floor's victims give their places back first
             self._end(v, NodeState.PRUNED)
         if self.room() == 0:  # a full pool: a zero-sum swap of k
-            k = min(cfg.swap, len(rest) // 2)
+            k = min(cfg.swap, len(rest) // 2, allowed - len(victims))
             bottom = rest[:k]
             bottom_ids = {n.id for n in bottom}
             k = min(k, len([p for p in parents if p.id not in bottom_ids]))

@@ -7,6 +7,7 @@ random scores; a checking wrapper asserts the invariants after every event.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -85,6 +86,7 @@ class Params:
     drain: bool = True
     interval_unit: str = "steps"
     max_children: int = 0
+    prune_budget: float | None = None
 
 
 def _gambit_params(p: Params) -> GambitParams:
@@ -92,7 +94,7 @@ def _gambit_params(p: Params) -> GambitParams:
                         floor=p.floor, child_temperature=p.child_temperature,
                         branch_point=p.branch_point, ghosts=p.ghosts, revive=p.revive,
                         drain=p.drain, interval_unit=p.interval_unit,
-                        max_children=p.max_children)
+                        max_children=p.max_children, prune_budget=p.prune_budget)
 
 
 def _method() -> Method:
@@ -148,6 +150,7 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
     branch=st.sampled_from(["boundary", "current", "best", "drop"]),
     unit=st.sampled_from(["steps", "steps", "thoughts"]),
     max_children=st.sampled_from([0, 0, 1, 2]),
+    prune_budget=st.sampled_from([None, None, 0.0, 0.3, 1.0]),
     ghosts=st.booleans(),
     revive=st.booleans(),
     num_blocks=st.sampled_from([24, 48, 4096]),
@@ -158,17 +161,19 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
     queue=st.sampled_from([0, 0, 3]),
 )
 def test_invariants_hold_on_the_fake_engine(k, extra, more, interval, warmup, floor, branch,
-                                            unit, max_children, ghosts, revive, num_blocks,
-                                            seed, n_questions, score_every, drain, queue):
+                                            unit, max_children, prune_budget, ghosts, revive,
+                                            num_blocks, seed, n_questions, score_every, drain,
+                                            queue):
     """C = N and C < N (``more``), with and without a small KV pool, drain on and off, with
     and without traces queued beyond the engine's limit, every branch point, rounds in steps
-    or thoughts, with and without a cap on children: every
+    or thoughts, with and without a cap on children and on prunes: every
     question votes on exactly N completed traces unless it records the token cap, every
     refill comes with the event that opened room (``Checked``), ghosts leave, all ends."""
     cap = 2 * k + extra
     params = Params(n=cap + more, capacity=cap, swap=k, interval=interval, warmup=warmup,
                     floor=floor, branch_point=branch, ghosts=ghosts, revive=revive, drain=drain,
-                    child_temperature=0.8, interval_unit=unit, max_children=max_children)
+                    child_temperature=0.8, interval_unit=unit, max_children=max_children,
+                    prune_budget=prune_budget)
     eng, drv, results = _run(params, num_blocks, seed, n_questions, max_live=2 * cap,
                              score_every=score_every, queue=queue)
     assert len(results) == n_questions  # every run terminates, every question is reported
@@ -190,6 +195,8 @@ def test_invariants_hold_on_the_fake_engine(k, extra, more, interval, warmup, fl
         if drain and st_["end_reason"] == "budget":  # nothing stopped: every trace kept voted
             assert st_["stopped"] == 0
             assert st_["started"] == len(completed) + st_["prunes"] + st_["failures"]
+        if prune_budget is not None:  # the prune budget holds, ghosts' prunes included
+            assert st_["prunes"] <= math.ceil(prune_budget * params.n - 1e-9), st_
         # nothing is left active: ghosts left (pruned or revived and finished)
         assert all(n["state"] not in ("running", "ghost") for n in nodes)
         assert st_["started"] == len(nodes)
@@ -619,3 +626,32 @@ def test_max_children_spreads_forks_over_parents():
     assert sorted(parents) == [6, 7]
     assert sum(isinstance(a, Spawn) for a in acts) == 4
     assert not t._eligible(t.nodes[7])
+
+
+def test_the_prune_budget_stops_pruning_and_the_survivors_finish():
+    """max_prunes = 3: the floor would prune 6 of 8; the 3 worst go, then no round prunes."""
+    t = _tour(capacity=8, swap=1, interval=100, floor=0.5, max_prunes=3, budget=8)
+    t.start()
+    for n in range(8):
+        t.handle(Scored(n, 1, 0.9 if n == 7 else (0.8 if n == 6 else 0.1 + n / 100)))
+    _tick(t, range(8), 2)
+    acts = t.round()
+    assert sorted(a.node for a in acts if isinstance(a, Prune)) == [0, 1, 2]  # worst first
+    assert t.counts["prunes"] == 3
+    assert not [a for a in t.round() if isinstance(a, Prune)]  # the budget is spent
+    t0 = _tour(capacity=8, swap=1, interval=100, floor=0.5, max_prunes=0, budget=8)
+    t0.start()
+    for n in range(8):
+        t0.handle(Scored(n, 1, 0.1))
+    _tick(t0, range(8), 2)
+    assert t0.round() == []  # a zero budget: BoN's pool, never pruned
+    with pytest.raises(TournamentConfigError, match="max_prunes must be >= 0"):
+        TournamentConfig(max_prunes=-1)
+
+
+@pytest.mark.parametrize("x, n, cap", [(None, 8, None), (0.0, 8, 0), (0.5, 8, 4), (0.3, 8, 3),
+                                       (1.0, 64, 64)])
+def test_the_prune_budget_is_a_share_of_n(x, n, cap):
+    from gambit_search.methods.gambit import tournament_config
+
+    assert tournament_config(GambitParams(prune_budget=x), n).max_prunes == cap

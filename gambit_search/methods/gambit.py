@@ -10,6 +10,7 @@ min(32, N/2), K = max(1, C/16); chosen on toy val, docs/SEARCH.md); the paper ru
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gambit_search.methods import Method
@@ -51,6 +52,10 @@ class GambitParams:
     max_children: int = 0
     """Diversity cap: a trace that has had this many children is no longer a parent (0: no
     cap; 2 on top of "best": +1.5 points on toy-clean val, noise) [paper 0]."""
+    prune_budget: float | None = None
+    """Exploration cap: at most this times N traces pruned per question (so at most (1 + it)
+    x N started); then no more prunes, and the survivors finish and vote (None: no cap)
+    [paper none]."""
     parents: str = "top"
     """Which eligible traces Gambit forks from: "top" (best scored) or "random" (ablation)."""
     drain: bool = True
@@ -99,6 +104,8 @@ def tournament_config(params: GambitParams, n: int, max_tokens: int | None = Non
         budget=n, ghosts=params.ghosts, revive=params.revive, branch_point=params.branch_point,
         parents=params.parents, drain=params.drain, interval_unit=params.interval_unit,
         max_children=params.max_children,
+        max_prunes=(None if params.prune_budget is None
+                    else math.ceil(params.prune_budget * n - 1e-9)),
         max_unique_tokens=4 * n * max_tokens if max_tokens else None,
     )
 
