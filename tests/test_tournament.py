@@ -86,7 +86,7 @@ class Params:
     drain: bool = True
     interval_unit: str = "steps"
     max_children: int = 0
-    prune_budget: float | None = None
+    prune_budget: float = math.inf
 
 
 def _gambit_params(p: Params) -> GambitParams:
@@ -150,7 +150,7 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
     branch=st.sampled_from(["boundary", "current", "best", "drop"]),
     unit=st.sampled_from(["steps", "steps", "thoughts"]),
     max_children=st.sampled_from([0, 0, 1, 2]),
-    prune_budget=st.sampled_from([None, None, 0.0, 0.3, 1.0]),
+    prune_budget=st.sampled_from([math.inf, math.inf, 0.0, 0.3, 1.0]),
     ghosts=st.booleans(),
     revive=st.booleans(),
     num_blocks=st.sampled_from([24, 48, 4096]),
@@ -195,7 +195,7 @@ def test_invariants_hold_on_the_fake_engine(k, extra, more, interval, warmup, fl
         if drain and st_["end_reason"] == "budget":  # nothing stopped: every trace kept voted
             assert st_["stopped"] == 0
             assert st_["started"] == len(completed) + st_["prunes"] + st_["failures"]
-        if prune_budget is not None:  # the prune budget holds, ghosts' prunes included
+        if prune_budget < math.inf:  # the prune budget holds, ghosts' prunes included
             assert st_["prunes"] <= math.ceil(prune_budget * params.n - 1e-9), st_
         # nothing is left active: ghosts left (pruned or revived and finished)
         assert all(n["state"] not in ("running", "ghost") for n in nodes)
@@ -649,9 +649,13 @@ def test_the_prune_budget_stops_pruning_and_the_survivors_finish():
         TournamentConfig(max_prunes=-1)
 
 
-@pytest.mark.parametrize("x, n, cap", [(None, 8, None), (0.0, 8, 0), (0.5, 8, 4), (0.3, 8, 3),
-                                       (1.0, 64, 64)])
+@pytest.mark.parametrize("x, n, cap", [(math.inf, 8, None), (0.0, 8, 0), (0.5, 8, 4),
+                                       (0.3, 8, 3), (1.0, 64, 64)])
 def test_the_prune_budget_is_a_share_of_n(x, n, cap):
     from gambit_search.methods.gambit import tournament_config
 
     assert tournament_config(GambitParams(prune_budget=x), n).max_prunes == cap
+    assert tournament_config(GambitParams(), 8).max_prunes == 8  # the default: X = 1
+    for bad in (-0.5, math.nan):
+        with pytest.raises(TournamentConfigError, match="prune_budget must be >= 0"):
+            tournament_config(GambitParams(prune_budget=bad), 8)
