@@ -5,7 +5,8 @@
 ``--n`` is the budget N of completed traces that vote; ``--capacity`` is C, the traces kept
 active at once (at most N). By default C and K scale with N (:func:`capacity_swap`: C =
 min(32, N/2), K = max(1, C/16); chosen on toy val, docs/SEARCH.md); the paper runs C = N =
-256, K = 16. Answers by the score-weighted vote.
+256, K = 16. A question prunes at most N traces (``--prune-budget 1``, chosen on toy val;
+``inf``: no cap, the paper's), then its survivors finish. Answers by the score-weighted vote.
 """
 
 from __future__ import annotations
