@@ -47,7 +47,8 @@ from gambit_search.policy import (
     Progress,
     Scored,
 )
-from gambit_search.tournament import Tournament, TournamentConfig
+from gambit_search.tournament import Tournament
+from gambit_search.tournament_config import TournamentConfig
 from tests.doubles import RandomScorer
 
 # ----------------------------------------------------------------------------- the index

@@ -692,7 +692,7 @@ def test_a_given_capacity_or_swap_wins_over_the_scaling():
 def test_scaled_capacity_is_always_a_valid_tournament(n, c, k):
     """C <= N always; with C or K left to the scaling, C >= 2K >= 2 (a round can run)."""
     from gambit_search.methods.gambit import GambitParams, capacity_swap, tournament_config
-    from gambit_search.tournament import TournamentConfigError
+    from gambit_search.tournament_config import TournamentConfigError
 
     cap, swap = capacity_swap(GambitParams(capacity=c, swap=k), n)
     assert 1 <= cap <= n and swap >= 1

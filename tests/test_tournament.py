@@ -33,7 +33,8 @@ from gambit_search.policy import (
     Spawn,
     Stop,
 )
-from gambit_search.tournament import Tournament, TournamentConfig, TournamentConfigError
+from gambit_search.tournament import Tournament
+from gambit_search.tournament_config import TournamentConfig, TournamentConfigError
 from tests.doubles import RandomScorer
 from tests.test_bookkeeping import assert_index_consistent
 

@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass
 
 from gambit_search.methods import Method
-from gambit_search.tournament import Tournament, TournamentConfig, TournamentConfigError
+from gambit_search.tournament import Tournament
+from gambit_search.tournament_config import TournamentConfig, TournamentConfigError
 
 
 @dataclass(frozen=True)
