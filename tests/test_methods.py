@@ -665,10 +665,10 @@ def test_an_unknown_preset_is_a_one_line_error():
 
 
 @pytest.mark.parametrize("n, want", [(2, (2, 1)), (4, (2, 1)), (8, (4, 1)), (16, (8, 1)),
-                                     (32, (16, 1)), (64, (32, 2)), (128, (32, 2)),
-                                     (256, (32, 2))])
+                                     (32, (16, 1)), (64, (32, 2)), (128, (64, 4)),
+                                     (256, (64, 4))])
 def test_gambit_capacity_and_swap_scale_with_the_budget(n, want):
-    """The defaults the issue-29 tables measured: C = min(32, N/2), K = max(1, C/16), which
+    """The defaults the issue-29 tables measured: C = min(64, N/2), K = max(1, C/16), which
     gambit-solve and gambit-bench both run (bench has no rule of its own)."""
     from gambit_search.methods.gambit import GambitParams, capacity_swap, tournament_config
 
@@ -684,6 +684,7 @@ def test_a_given_capacity_or_swap_wins_over_the_scaling():
     assert capacity_swap(GambitParams(capacity=256, swap=16), 64) == (64, 16)  # C <= N
     assert capacity_swap(GambitParams(swap=3), 6) == (6, 3)  # room for the given K: C >= 2K
     assert capacity_swap(GambitParams(swap=4), 64) == (32, 4)
+    assert capacity_swap(GambitParams(swap=4), 512) == (64, 4)
 
 
 @settings(max_examples=200, deadline=None)

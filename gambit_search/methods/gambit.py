@@ -4,7 +4,7 @@
 
 ``--n`` is the budget N of completed traces that vote; ``--capacity`` is C, the traces kept
 active at once (at most N). By default C and K scale with N (:func:`capacity_swap`: C =
-min(32, N/2), K = max(1, C/16); chosen on toy val, docs/SEARCH.md); the paper runs C = N =
+min(64, N/2), K = max(1, C/16); chosen on toy val, docs/SEARCH.md); the paper runs C = N =
 256, K = 16. A question prunes at most N traces (``--prune-budget 1``, chosen on toy val;
 ``inf``: no cap, the paper's), then its survivors finish. Answers by the score-weighted vote.
 """
@@ -27,8 +27,8 @@ class GambitParams:
 
     capacity: int | None = None
     """Gambit's C, logically active traces per question, at most n (None: scaled with the
-    budget, min(32, N/2) and at least 2; on toy val C = N cut latency 2x at N <= 16 and
-    cost more tokens) [paper 256]."""
+    budget, min(64, N/2) and at least 2; on toy val C = N cut latency 2x at N <= 16 and
+    cost more tokens, and C = 64 at N = 128 gave toy-hard 97% vs C = 32's 92) [paper 256]."""
     swap: int | None = None
     """Gambit's K, traces swapped per round (None: max(1, C/16), at most C/2) [paper 16]."""
     interval: int = 32
@@ -71,24 +71,24 @@ class GambitParams:
     their question's traces runs)."""
 
 
-AUTO_CAPACITY = 32
-"""C at N >= 64 when ``--capacity`` is not given (half the budget below that)."""
-AUTO_SWAP = 2
-"""K at C = AUTO_CAPACITY when ``--swap`` is not given (scaled with C below that)."""
+AUTO_CAPACITY = 64
+"""C at N >= 128 when ``--capacity`` is not given (half the budget below that)."""
+SWAP_EVERY = 16
+"""K when ``--swap`` is not given: one swapped trace per this many of C (at least 1)."""
 
 
 def capacity_swap(params: GambitParams, n: int) -> tuple[int, int]:
     """Gambit's C and K at budget ``n``: the given ones, or scaled with the budget. C =
-    min(32, n/2) (at least 2, and 2K where K is given; at most n: more never run) and K =
-    max(1, 2C/32) (at most C/2: a round prunes K and keeps K parents) are the settings
-    measured on toy val and test (docs/SEARCH.md, "A scorer trained on prefix labels");
-    from N = 64 on they are C = 32, K = 2."""
+    min(64, n/2) (at least 2, and 2K where K is given; at most n: more never run) and K =
+    max(1, C/16) (at most C/2: a round prunes K and keeps K parents) are the settings
+    measured on toy val and test (docs/SEARCH.md, "A scorer trained on prefix labels" and
+    "A prune budget"); at N = 64 they are C = 32, K = 2, from N = 128 on C = 64, K = 4."""
     c = params.capacity
     if c is None:  # a given K keeps its room: C >= 2K
         c = max(2, min(AUTO_CAPACITY, n // 2), 2 * (params.swap or 0))
     c = min(int(c), n)
     k = (params.swap if params.swap is not None
-         else min(max(1, AUTO_SWAP * c // AUTO_CAPACITY), max(1, c // 2)))
+         else min(max(1, c // SWAP_EVERY), max(1, c // 2)))
     return c, int(k)
 
 
