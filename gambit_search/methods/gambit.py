@@ -21,8 +21,8 @@ from gambit_search.tournament_config import TournamentConfig, TournamentConfigEr
 
 @dataclass(frozen=True)
 class GambitParams:
-    """Gambit's flags (``--capacity``, ``--swap`` ...). Defaults: chosen on toy:val at N = 64
-    (docs/RESULTS.md, "Accuracy at equal budgets"); the paper's for real reasoning models in
+    """Gambit's flags (``--capacity``, ``--swap`` ...). Defaults: chosen on toy val
+    (docs/SEARCH.md, issue 29's sections); the paper's for real reasoning models in
     brackets."""
 
     capacity: int | None = None
