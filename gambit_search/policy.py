@@ -335,6 +335,15 @@ class NodeBook:
             self._end(n, NodeState.COMPLETED)
             self.counts["completions"] += 1
 
+    def _after_done(self, e: Event) -> bool:
+        """True once the question is done: the event then needs no action (a
+        :class:`Progress` still counts its tokens, the last step's)."""
+        if not self.done:
+            return False
+        if isinstance(e, Progress):
+            self._on_progress(e)
+        return True
+
     def _on_progress(self, e: Progress) -> bool:
         """Count tokens; True when this was a decode step of the question."""
         got = False

@@ -168,9 +168,7 @@ class Tournament(NodeBook):
 
     def handle(self, event: Event) -> list[Action]:
         """Apply one event; returns the actions to carry out, in order."""
-        if self.done:
-            if isinstance(event, Progress):
-                self._on_progress(event)  # the last step's tokens still count
+        if self._after_done(event):
             return []
         if isinstance(event, Scored):
             n = self.nodes[event.node]

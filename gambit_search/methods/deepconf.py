@@ -175,9 +175,7 @@ class DeepConf(NodeBook):
         return acts
 
     def handle(self, event: Event) -> list[Action]:
-        if self.done:
-            if isinstance(event, Progress):
-                self._on_progress(event)  # the last step's tokens still count
+        if self._after_done(event):
             return []
         if isinstance(event, Scored):
             self._on_scored(event)

@@ -35,9 +35,7 @@ class SelfConsistency(NodeBook):
         return [Spawn(self._new_root().id) for _ in range(self.n)]
 
     def handle(self, event: Event) -> list[Action]:
-        if self.done:
-            if isinstance(event, Progress):
-                self._on_progress(event)  # the last step's tokens still count
+        if self._after_done(event):
             return []
         if isinstance(event, Scored):
             self._on_scored(event)

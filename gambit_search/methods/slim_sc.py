@@ -150,9 +150,7 @@ class SlimSC(NodeBook):
         return acts
 
     def handle(self, event: Event) -> list[Action]:
-        if self.done:
-            if isinstance(event, Progress):
-                self._on_progress(event)
+        if self._after_done(event):
             return []
         if isinstance(event, Scored):
             self._on_scored(event)
