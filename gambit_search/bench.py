@@ -284,7 +284,6 @@ def bench(cfg: BenchConfig, sets: dict | None = None, *, engine: Any = None, dec
 
 
 def main(argv: list[str] | None = None) -> None:
-
     from gambit_core.cli import add_dataclass_args, add_verbose_arg, input_errors, quiet_logs
 
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],

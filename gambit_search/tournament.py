@@ -99,6 +99,7 @@ from gambit_search.tournament_config import TournamentConfig
 
 __all__ = ["Tournament"]
 
+
 def _rank_key(n: Node, warmup: int) -> tuple[int, float, int]:
     """Ascending: worst first. Unranked (unscored or pre-warmup) nodes, i.e. such ghosts,
     come below every ranked one; then by score; among equals the older goes first."""

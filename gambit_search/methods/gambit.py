@@ -101,17 +101,20 @@ def tournament_config(params: GambitParams, n: int, max_tokens: int | None = Non
     """The :class:`TournamentConfig` of Gambit's parameters and budget ``n`` (raises
     TournamentConfigError, a ValueError, with one line)."""
     c, k = capacity_swap(params, n)
-    x = params.prune_budget
-    if x is not None and not x >= 0:
-        raise TournamentConfigError(f"prune_budget must be >= 0 (inf: no cap), got {x}")
+    try:  # serve's JSON has no inf: "inf" is accepted as a string
+        x = float(params.prune_budget)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not x >= 0:  # NaN too
+        raise TournamentConfigError(
+            f"prune_budget must be a number >= 0 (inf: no cap), got {params.prune_budget!r}")
     return TournamentConfig(
         capacity=c, swap=k, interval=params.interval,
         warmup=params.warmup, floor=params.floor, child_temperature=params.child_temperature,
         budget=n, ghosts=params.ghosts, revive=params.revive, branch_point=params.branch_point,
         parents=params.parents, drain=params.drain, interval_unit=params.interval_unit,
         max_children=params.max_children,
-        max_prunes=(None if params.prune_budget is None or math.isinf(params.prune_budget)
-                    else math.ceil(params.prune_budget * n - 1e-9)),
+        max_prunes=None if math.isinf(x) else math.ceil(x * n - 1e-9),
         max_unique_tokens=4 * n * max_tokens if max_tokens else None,
     )
 
