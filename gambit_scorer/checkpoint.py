@@ -55,18 +55,11 @@ import torch
 from torch import Tensor, nn
 
 from gambit_core.errors import InputError
-from gambit_scorer.kinds import (
-    ArchitectureError,
-    MLPHistory,
-    ScorerKind,
-    SeqHistory,
-    detect_kind,
-    get_kind,
-    int_or_none,
-    kind_names,
-    kind_of_model,
-)
+from gambit_scorer.kind_mlp import MLPHistory
+from gambit_scorer.kind_seq import SeqHistory
+from gambit_scorer.kinds import detect_kind, get_kind, kind_names, kind_of_model
 from gambit_scorer.models import _tensor, feature_size, resolve_features, step_features
+from gambit_scorer.scorer_kind import ArchitectureError, ScorerKind, int_or_none
 
 FORMAT = "gambit-scorer"
 FORMAT_VERSION = 1

@@ -2,7 +2,7 @@
 
 - Split by *question* (no question on both sides), stratified by the trace label
   (scikit-learn ``StratifiedGroupKFold``): one fold of round(1 / val_fraction) is validation.
-- Samples are the scorer kind's (``kinds.ScorerKind.dataset`` / ``stream_batches`` pick the
+- Samples are the scorer kind's (``scorer_kind.ScorerKind.dataset`` / ``stream_batches`` pick the
   classes and functions here):
   MLP samples: one per boundary state, labelled with the trace's correctness.
   Seq samples: one per trace, its boundary states in order (the last ``max_len``), right-padded
@@ -52,9 +52,10 @@ from gambit_scorer.harvest_io import (
     HarvestError,
     shard_paths,
 )
-from gambit_scorer.kinds import ScorerKind, get_kind
+from gambit_scorer.kinds import get_kind
 from gambit_scorer.models import feature_size, resolve_features
 from gambit_scorer.samples import _Featurizer, _identity, _rows_of
+from gambit_scorer.scorer_kind import ScorerKind
 
 # ----------------------------------------------------------------------------- samples
 

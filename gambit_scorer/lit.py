@@ -1,6 +1,6 @@
 """LightningModule wrapping a scorer network (``models.py``) for training.
 
-Loss (the kind's, ``kinds.ScorerKind.loss``): BCE with logits and ``pos_weight`` =
+Loss (the kind's, ``scorer_kind.ScorerKind.loss``): BCE with logits and ``pos_weight`` =
 negatives / positives.
 - MLP: on every step sample.
 - Seq, ``loss_position='last'`` (the reference): at each trace's last valid position.
@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from gambit_scorer.kinds import LOSS_POSITIONS, ScorerKind, get_kind
+from gambit_scorer.kinds import get_kind
 from gambit_scorer.metrics import evaluate, scalar_metrics
+from gambit_scorer.scorer_kind import LOSS_POSITIONS, ScorerKind
 
 
 class ScorerModule(L.LightningModule):

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from gambit_scorer.kinds import ScorerKind
+    from gambit_scorer.scorer_kind import ScorerKind
 
 SELECTION_AUROC_KEYS = ("trace_auroc_wq", "trace_auroc", "step_auroc")
 STEP_INDICES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
@@ -137,7 +137,7 @@ def trace_scores_so_far(
     trace: np.ndarray, step: np.ndarray, prob: np.ndarray, kind: str | ScorerKind
 ) -> np.ndarray:
     """Per record, the trace score after that step (records must be sorted by trace, then step);
-    ``kind``: a scorer kind or its name (``kinds.ScorerKind.trace_scores_so_far``)."""
+    ``kind``: a scorer kind or its name (``scorer_kind.ScorerKind.trace_scores_so_far``)."""
     from gambit_scorer.kinds import get_kind  # torch; this module needs only numpy otherwise
 
     return get_kind(kind).trace_scores_so_far(np.asarray(trace), prob)

@@ -17,7 +17,7 @@ one more, as vLLM's paged attention does for the policy's KV.
 
 Scores equal :meth:`SeqScorer.step_batch`'s (the same layers, the same masked attention;
 checked in tests/test_seq_pool.py). The sliding window (``max_len``) is kept as a ring: past
-``max_len`` steps a trace's oldest entry is overwritten, exactly what ``_trim`` keeps; a
+``max_len`` steps a trace's oldest entry is overwritten, exactly what ``kind_seq._trim`` keeps; a
 prefix of such a trace can no longer be cut (:class:`ValueError`).
 """
 

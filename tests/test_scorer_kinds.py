@@ -10,15 +10,9 @@ import pytest
 import torch
 
 from gambit_scorer.checkpoint import load_scorer
-from gambit_scorer.kinds import (
-    MLPKind,
-    SeqKind,
-    build_model,
-    detect_kind,
-    get_kind,
-    kind_names,
-    kind_of_model,
-)
+from gambit_scorer.kind_mlp import MLPKind
+from gambit_scorer.kind_seq import SeqKind
+from gambit_scorer.kinds import build_model, detect_kind, get_kind, kind_names, kind_of_model
 from gambit_scorer.metrics import trace_scores_so_far
 from gambit_scorer.models import SeqScorer, StepMLP
 from gambit_search.scoring import RuntimeScorer
