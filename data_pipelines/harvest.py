@@ -311,7 +311,8 @@ def harvest(cfg: HarvestConfig, engine=None) -> dict:
 
     ``engine``: an already started :class:`~gambit_search.engine.Engine` on ``cfg.model``
     to use instead of starting one (tests and benchmarks share one); it is left open."""
-    from gambit_core.questions import DatasetError, load_questions
+    from gambit_core.errors import DatasetError
+    from gambit_core.questions import load_questions
 
     shard_i, shard_n = cfg.shard_index()
     from gambit_search.engines import get_engine_kind

@@ -2,7 +2,8 @@
 
 - :mod:`gambit_core.grading`: answer extraction, math-verify equivalence, vote bins;
 - :mod:`gambit_core.questions`: question loading (JSONL, local HF datasets, generated sources
-  such as the toy world, found through the ``gambit.datasets`` entry points);
+  such as the toy world, found through the ``gambit.datasets`` entry points), reading HF
+  datasets through :mod:`gambit_core.hf_datasets`;
 - :mod:`gambit_core.prompts`: prompt building;
 - :mod:`gambit_core.runio`: run I/O (atomic writes, resumable output directories, versions,
   model identity, trace seeds);

@@ -1,7 +1,8 @@
 """The one error class for bad input, shared by every console script.
 
 Anything a user can get wrong (a flag, a dataset spec, a checkpoint that does not fit the
-model, an output directory of another config) raises :class:`InputError` with one line
+model, an output directory of another config) raises :class:`InputError` (a question source:
+its subclass :class:`DatasetError`, raised by the question loaders) with one line
 that says what and where; :func:`gambit_core.cli.run_main` prints it as ``prog: error: ...``
 and exits with :data:`EXIT_BAD_INPUT`, as argparse does for a bad flag.
 """
@@ -17,3 +18,7 @@ class InputError(ValueError):
 
     def __init__(self, msg: str = "error") -> None:
         super().__init__((msg.splitlines() or ["error"])[0])
+
+
+class DatasetError(InputError):
+    """A question source is missing, malformed or empty (``gambit_core.questions``)."""

@@ -27,25 +27,25 @@ Usage::
 Dataset columns: ``question`` / ``answer`` by default, with ``problem`` / ``Problem`` and
 ``Answer`` / ``solution`` accepted as fallbacks (an answer taken from a ``solution`` column
 is reduced to its last ``\\boxed{}`` when it has one); pass ``question_key`` /
-``answer_key`` to name them. Bad input raises :class:`DatasetError` with the file, line or
-row at fault.
+``answer_key`` to name them. Bad input raises :class:`~gambit_core.errors.DatasetError` with
+the file, line or row at fault. Reading Hugging Face datasets (saved, parquet, the hub cache)
+is :mod:`gambit_core.hf_datasets`; this module turns their rows into questions.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gambit_core.errors import InputError
+from gambit_core import hf_datasets
+from gambit_core.errors import DatasetError
 
 __all__ = [
-    "DatasetError",
     "GeneratedSource",
     "Question",
     "TOY_DEFAULT_COUNT",
@@ -60,10 +60,6 @@ QUESTION_KEYS: tuple[str, ...] = ("question", "problem", "Problem")
 ANSWER_KEYS: tuple[str, ...] = ("answer", "Answer", "solution")
 
 _JSONL_SUFFIXES = (".jsonl", ".ndjson")
-
-
-class DatasetError(InputError):
-    """A question source is missing, malformed or empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +239,7 @@ def _load_path(
         if suffix in _JSONL_SUFFIXES:
             return _load_jsonl(path, question_key, answer_key)
         if suffix == ".parquet":
-            ds = _load_parquet([path], path, split)
+            ds = hf_datasets.load_parquet([path], path, split)
             return _from_hf(ds, str(path), path.stem, max_questions, question_key, answer_key)
         raise DatasetError(
             f"unsupported dataset file {path}: expected .jsonl, .parquet, or a dataset directory"
@@ -254,11 +250,11 @@ def _load_path(
             or (path / "dataset_dict.json").exists()
             or (path / "state.json").exists()
         ):
-            ds = _load_saved(path, split)
+            ds = hf_datasets.load_saved(path, split)
             return _from_hf(ds, str(path), path.name, max_questions, question_key, answer_key)
         parquet = sorted(p for p in path.rglob("*.parquet") if p.is_file())
         if parquet:
-            ds = _load_parquet(parquet, path, split)
+            ds = hf_datasets.load_parquet(parquet, path, split)
             return _from_hf(ds, str(path), path.name, max_questions, question_key, answer_key)
         raise DatasetError(
             f"{path} is a directory but neither a saved dataset (save_to_disk) nor has parquet files"
@@ -345,72 +341,8 @@ def _check_unique_ids(questions: Sequence[Question], spec: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------
-# Hugging Face datasets
+# Hugging Face datasets: rows to questions (the loading is in gambit_core.hf_datasets)
 # ---------------------------------------------------------------------------------------
-
-
-def _load_saved(path: Path, split: str | None) -> Any:
-    import datasets
-
-    if _saved_split_is_empty(path, split):
-        raise DatasetError(f"no questions in {path}" + (f" (split {split!r})" if split else ""))
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except Exception as e:  # corrupt / partial directory
-        raise DatasetError(f"cannot load saved dataset {path}: {e}") from e
-    return _pick_split(ds, split, str(path))
-
-
-def _load_parquet(files: Sequence[Path], root: Path, split: str | None) -> Any:
-    import datasets
-
-    if split is not None and root.is_dir():
-        chosen = [f for f in files if _file_in_split(f.relative_to(root), split)]
-        if not chosen:
-            raise DatasetError(f"no parquet files for split {split!r} under {root}")
-        files = chosen
-    if _parquet_rows(files) == 0:
-        raise DatasetError(f"no questions in {root}" + (f" (split {split!r})" if split else ""))
-    try:
-        ds = datasets.load_dataset("parquet", data_files=[str(f) for f in files], split="train")
-    except Exception as e:
-        raise DatasetError(f"cannot read parquet dataset {root}: {e}") from e
-    return ds
-
-
-def _saved_split_is_empty(path: Path, split: str | None) -> bool:
-    """True when a save_to_disk dataset (or its chosen split) has no data files.
-
-    ``datasets`` cannot load an empty saved dataset (it fails with an IndexError), so this
-    is checked up front to report an empty dataset as such.
-    """
-    state = path / "state.json"
-    if not state.exists() and split is not None:
-        state = path / split / "state.json"
-    if not state.exists():
-        return False
-    try:
-        files = json.loads(state.read_text(encoding="utf-8")).get("_data_files")
-    except (OSError, ValueError, AttributeError):
-        return False
-    return files == []
-
-
-def _parquet_rows(files: Sequence[Path]) -> int | None:
-    """Total row count from parquet metadata; None when it cannot be read."""
-    try:
-        import pyarrow.parquet as pq
-
-        return sum(pq.ParquetFile(str(f)).metadata.num_rows for f in files)
-    except Exception:
-        return None
-
-
-def _file_in_split(rel: Path, split: str) -> bool:
-    if split in rel.parts[:-1]:
-        return True
-    stem = rel.stem
-    return stem == split or stem.startswith((f"{split}-", f"{split}_", f"{split}."))
 
 
 def _load_hub(
@@ -421,69 +353,8 @@ def _load_hub(
     question_key: str | None,
     answer_key: str | None,
 ) -> list[Question]:
-    with _hf_offline():
-        import datasets
-
-        try:
-            ds = datasets.load_dataset(name, config, split=split)
-        except Exception as e:
-            raise DatasetError(
-                f"{name!r} is not a local path and could not be loaded from the Hugging Face "
-                f"cache (offline mode, HF_DATASETS_OFFLINE=1: nothing is downloaded; is it cached"
-                f"{'' if split is None else f' with split {split!r}'}?): "
-                f"{type(e).__name__}: {e}"
-            ) from e
-        ds = _pick_split(ds, split, name)
+    ds = hf_datasets.load_hub(name, split, config)
     return _from_hf(ds, name, name.replace("/", "_"), max_questions, question_key, answer_key)
-
-
-@contextlib.contextmanager
-def _hf_offline() -> Iterator[None]:
-    """Force offline mode for datasets / huggingface_hub, also if they are already imported."""
-    env_keys = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
-    old_env = {k: os.environ.get(k) for k in env_keys}
-    for k in env_keys:
-        os.environ[k] = "1"
-    patched: list[tuple[Any, str, Any]] = []
-    try:
-        import datasets.config as dcfg
-
-        for attr in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
-            if hasattr(dcfg, attr):
-                patched.append((dcfg, attr, getattr(dcfg, attr)))
-                setattr(dcfg, attr, True)
-        with contextlib.suppress(ImportError):
-            import huggingface_hub.constants as hcst
-
-            if hasattr(hcst, "HF_HUB_OFFLINE"):
-                patched.append((hcst, "HF_HUB_OFFLINE", hcst.HF_HUB_OFFLINE))
-                hcst.HF_HUB_OFFLINE = True
-        yield
-    finally:
-        for obj, attr, value in reversed(patched):
-            setattr(obj, attr, value)
-        for k, v in old_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _pick_split(ds: Any, split: str | None, where: str) -> Any:
-    import datasets
-
-    if isinstance(ds, datasets.DatasetDict | datasets.IterableDatasetDict):
-        names = list(ds.keys())
-        if split is not None:
-            if split not in ds:
-                raise DatasetError(f"{where} has no split {split!r} (splits: {', '.join(names)})")
-            return ds[split]
-        if len(names) == 1:
-            return ds[names[0]]
-        if "test" in ds:
-            return ds["test"]
-        raise DatasetError(f"{where} has several splits ({', '.join(names)}): pass split=")
-    return ds
 
 
 def _from_hf(

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gambit_core.questions import DatasetError, Question, load_questions
+from gambit_core.errors import DatasetError
+from gambit_core.questions import Question, load_questions
 
 BENCH_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "benchmarks"
 

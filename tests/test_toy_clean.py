@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from data_pipelines.toy.task import draw_questions, parse_question, split_of, step_kind
-from gambit_core.questions import DatasetError, load_questions
+from gambit_core.errors import DatasetError
+from gambit_core.questions import load_questions
 
 N = 60
 

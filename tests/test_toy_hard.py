@@ -25,7 +25,8 @@ from data_pipelines.toy.task import (
     split_of,
     step_kind,
 )
-from gambit_core.questions import DatasetError, Question, load_questions
+from gambit_core.errors import DatasetError
+from gambit_core.questions import Question, load_questions
 
 N = 40
 
