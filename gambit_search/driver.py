@@ -56,8 +56,8 @@ completed so far in the run (``max_tokens / 2`` before the first).
 Its inputs (questions, :class:`~gambit_search.jobs.Job`, the serving
 :class:`~gambit_search.jobs.Intake`) are in
 :mod:`gambit_search.jobs`, its settings in :mod:`gambit_search.driver_config`, its memory
-handling in :mod:`gambit_search.driver_memory`. What is
-left (~500 lines) is one class, the step loop, whose parts (admission, events, actions,
+handling in :mod:`gambit_search.driver_memory`, its result records in
+:mod:`gambit_search.driver_results`. What is left (~450 lines) is one class, the step loop, whose parts (admission, events, actions,
 results) share the loop's per-step state.
 """
 
@@ -70,10 +70,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gambit_core.grading import extract_boxed, is_equivalent
+from gambit_core.grading import extract_boxed
 from gambit_core.runio import trace_seed
 from gambit_search.driver_config import DriverConfig
 from gambit_search.driver_memory import MemoryMixin
+from gambit_search.driver_results import failed_result, question_result
 from gambit_search.engine import Engine, EngineError, SamplingSpec, TraceStatus
 from gambit_search.jobs import Intake, Job, Recorder, bound_of, question_of
 from gambit_search.methods import BoundMethod, PolicyContext
@@ -90,7 +91,6 @@ from gambit_search.policy import (
     Spawn,
     Stop,
 )
-from gambit_search.voting import vote, vote_table
 
 __all__ = ["Driver", "DriverConfig", "trace_seed"]
 
@@ -288,10 +288,7 @@ class Driver(MemoryMixin):
         return st
 
     def _failed(self, q: Any, why: str) -> dict:
-        return {"id": str(q.id), "question": q.question, "gold": q.answer or None,
-                "method": self.method.name, "answer": None, "correct": False if q.answer else None,
-                "error": why, "unique_tokens": 0, "wall_s": 0.0, "votes": [], "tree_stats": {},
-                "tree": []}
+        return failed_result(q, self.method.name, why)
 
     # -- one step --------------------------------------------------------------------------------
     def _on_step(self, out: Any, active: dict[str, _Q]) -> None:
@@ -463,38 +460,7 @@ class Driver(MemoryMixin):
         self._memory_users -= st.bound.method.uses_memory
         for node in list(st.trace_of):
             self._kill(st, node)
-        p = st.policy
-        votes = p.votes()
-        gold = st.q.answer or None
-        rule = st.rule or self.cfg.vote_rule or st.bound.method.vote
-        answers = {r: vote(votes, r) for r in ("weighted", "plain", "top1")}
-
-        def ok(a: str | None) -> bool | None:
-            if gold is None:
-                return None
-            return a is not None and is_equivalent(gold, a)
-
-        stats = p.stats()
-        tree = p.tree()
-        lineages = [n["inherited"] + n["generated"] for n in tree if n["state"] == "completed"]
-        stats["max_lineage"] = max(lineages, default=0)
-        if error is not None:
-            pass
-        elif not votes:
-            error = ("all traces errored: " + st.errors[0]) if st.errors else "no trace completed"
-        return {
-            "id": str(st.q.id), "question": st.q.question, "gold": gold,
-            "method": st.bound.method.name, "rule": rule, "answer": answers[rule],
-            "correct": ok(answers[rule]),
-            "answer_weighted": answers["weighted"], "correct_weighted": ok(answers["weighted"]),
-            "answer_plain": answers["plain"], "correct_plain": ok(answers["plain"]),
-            "answer_top1": answers["top1"], "correct_top1": ok(answers["top1"]),
-            "votes": vote_table(votes), "unique_tokens": stats["unique_tokens"],
-            "wall_s": round(time.perf_counter() - st.t0, 3), "tree_stats": stats,
-            "error": error, "prefix_cache": dict(st.cache), "tree": tree,
-            "rounds": getattr(p, "round_log", []),
-            **({"texts": dict(st.texts)} if st.texts is not None else {}),
-        }
+        return question_result(st, st.rule or self.cfg.vote_rule or st.bound.method.vote, error)
 
 
 def mean(xs: Sequence[float]) -> float:
