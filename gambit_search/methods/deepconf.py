@@ -46,18 +46,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gambit_search.methods import Method
-from gambit_search.policy import (
-    Action,
-    Event,
-    Finished,
-    MemoryPressure,
-    NodeBook,
-    NodeState,
-    Progress,
-    Prune,
-    Scored,
-    Spawn,
-)
+from gambit_search.methods.independent import IndependentTraces
+from gambit_search.policy import Action, Finished, NodeState, Progress, Prune, Spawn
 
 __all__ = ["ENGINE_TOP_K", "DeepConf", "DeepConfParams", "MissingLogprobsError",
            "token_confidence"]
@@ -141,7 +131,7 @@ class _Conf:
         return self.total / self.count if self.count else None
 
 
-class DeepConf(NodeBook):
+class DeepConf(IndependentTraces):
     """One question's online DeepConf; see the module docstring."""
 
     def __init__(self, params: DeepConfParams, n: int = 32, eta: float = 10.0) -> None:
@@ -174,26 +164,17 @@ class DeepConf(NodeBook):
         self.warmup_ids = {a.node for a in acts}
         return acts
 
-    def handle(self, event: Event) -> list[Action]:
-        if self._after_done(event):
-            return []
-        if isinstance(event, Scored):
-            self._on_scored(event)
-            return []
-        if isinstance(event, Finished):
-            self._on_finished(event)
-            return []  # its last tokens come in this step's Progress: decide there
-        if isinstance(event, Progress):
-            self._on_progress(event)
-            acts = self._confidences(event)
-            if self.threshold is None and not self.num_active:
-                acts += self._end_warmup()
-            if self.threshold is not None and not self.num_active:
-                self.done = True
-            return acts
-        if isinstance(event, MemoryPressure):
-            return []
-        raise TypeError(f"unknown event {event!r}")
+    def _after_finished(self, event: Finished) -> None:
+        pass  # its last tokens come in this step's Progress: decide there
+
+    def _progress(self, event: Progress) -> list[Action]:
+        self._on_progress(event)
+        acts = self._confidences(event)
+        if self.threshold is None and not self.num_active:
+            acts += self._end_warmup()
+        if self.threshold is not None and not self.num_active:
+            self.done = True
+        return acts
 
     def _confidences(self, e: Progress) -> list[Action]:
         cfg = self.params

@@ -9,19 +9,11 @@ measured against). No scorer, no rounds, no memory handling.
 from __future__ import annotations
 
 from gambit_search.methods import Method
-from gambit_search.policy import (
-    Action,
-    Event,
-    Finished,
-    MemoryPressure,
-    NodeBook,
-    Progress,
-    Scored,
-    Spawn,
-)
+from gambit_search.methods.independent import IndependentTraces
+from gambit_search.policy import Action, Spawn
 
 
-class SelfConsistency(NodeBook):
+class SelfConsistency(IndependentTraces):
     """N fresh traces; done when all have ended."""
 
     def __init__(self, n: int) -> None:
@@ -33,21 +25,6 @@ class SelfConsistency(NodeBook):
     def start(self, limit: int | None = None) -> list[Action]:
         """Every trace at once (``limit`` is for methods that use memory: this one gets None)."""
         return [Spawn(self._new_root().id) for _ in range(self.n)]
-
-    def handle(self, event: Event) -> list[Action]:
-        if self._after_done(event):
-            return []
-        if isinstance(event, Scored):
-            self._on_scored(event)
-        elif isinstance(event, Finished):
-            self._on_finished(event)
-            if not self.num_active:
-                self.done = True
-        elif isinstance(event, Progress):
-            self._on_progress(event)
-        elif not isinstance(event, MemoryPressure):
-            raise TypeError(f"unknown event {event!r}")
-        return []
 
 
 def _make(params, n: int, ctx=None) -> SelfConsistency:

@@ -32,18 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gambit_search.methods import Method, PolicyContext
-from gambit_search.policy import (
-    Action,
-    Event,
-    Finished,
-    MemoryPressure,
-    NodeBook,
-    NodeState,
-    Progress,
-    Prune,
-    Scored,
-    Spawn,
-)
+from gambit_search.methods.independent import IndependentTraces
+from gambit_search.policy import Action, NodeState, Progress, Prune, Spawn
 
 __all__ = ["EMBEDDER_PACKAGE", "MiniLMEmbedder", "SlimParams", "SlimSC", "latest_thought"]
 
@@ -124,7 +114,7 @@ class MiniLMEmbedder:
         return e.numpy().astype(np.float32)
 
 
-class SlimSC(NodeBook):
+class SlimSC(IndependentTraces):
     """One question's Slim-SC; see the module docstring."""
 
     def __init__(self, params: SlimParams, n: int, decode: Callable[[Sequence[int]], str],
@@ -149,29 +139,15 @@ class SlimSC(NodeBook):
             acts.append(Spawn(n.id))
         return acts
 
-    def handle(self, event: Event) -> list[Action]:
-        if self._after_done(event):
-            return []
-        if isinstance(event, Scored):
-            self._on_scored(event)
-            return []
-        if isinstance(event, Finished):
-            self._on_finished(event)
-            if not self.num_active:
-                self.done = True
-            return []
-        if isinstance(event, Progress):
-            stepped = self._on_progress(event)
-            for node, d in event.deltas.items():
-                self.tokens[node].extend(d.token_ids)
-            cfg = self.params
-            if (stepped and self.steps >= cfg.warmup
-                    and (self.steps - cfg.warmup) % cfg.interval == 0):
-                return self.check()
-            return []
-        if isinstance(event, MemoryPressure):
-            return []
-        raise TypeError(f"unknown event {event!r}")
+    def _progress(self, event: Progress) -> list[Action]:
+        stepped = self._on_progress(event)
+        for node, d in event.deltas.items():
+            self.tokens[node].extend(d.token_ids)
+        cfg = self.params
+        if (stepped and self.steps >= cfg.warmup
+                and (self.steps - cfg.warmup) % cfg.interval == 0):
+            return self.check()
+        return []
 
     def thought(self, node: int) -> str | None:
         return latest_thought(self.decode(self.tokens[node][-TAIL_TOKENS:]))
