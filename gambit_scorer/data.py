@@ -308,20 +308,9 @@ class HarvestDataModule(L.LightningDataModule):
                     f"too little training data to stream {self.batch_size}-sample batches to {n_shards} "
                     "shards (ranks x workers): lower the batch size or data.num_workers, or use data.streaming=false"
                 )
-            self._train_ds = StreamingDataset(
-                ix,
-                self.train_traces,
-                self.scorer_kind,
-                self.featurize,
-                self.batch_size,
-                shuffle=True,
-                shuffle_buffer=self.shuffle_buffer,
-                seed=self.seed,
-                rank=rank,
-                world_size=world,
-                n_batches=n_batches,
-                read_batch_size=self.read_batch_size,
-                max_len=self.max_len,
+            self._train_ds = self._streaming(
+                ix, self.train_traces, self.batch_size, shuffle=True, rank=rank,
+                world_size=world, n_batches=n_batches,
             )
             return DataLoader(self._train_ds, batch_size=None, num_workers=self.num_workers)
         ds = self.scorer_kind.dataset(
@@ -336,37 +325,40 @@ class HarvestDataModule(L.LightningDataModule):
         else:
             sampler = torch.utils.data.RandomSampler(ds, generator=g)
         self._train_ds = ds
-        return DataLoader(
-            ds,
-            batch_size=self.batch_size,
-            sampler=sampler,
-            collate_fn=_identity,
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        return self._in_memory_loader(ds, self.batch_size, sampler=sampler)
 
     def val_dataloader(self) -> DataLoader:
         ix = self._need()
         if self.streaming:
-            ds = StreamingDataset(
-                ix,
-                self.val_traces,
-                self.scorer_kind,
-                self.featurize,
-                self.eval_batch_size,
-                shuffle=False,
-                shuffle_buffer=self.shuffle_buffer,
-                seed=self.seed,
-                read_batch_size=self.read_batch_size,
-                max_len=self.max_len,
-            )
+            ds = self._streaming(ix, self.val_traces, self.eval_batch_size, shuffle=False)
             return DataLoader(ds, batch_size=None, num_workers=min(self.num_workers, 1))
         ds = self.scorer_kind.dataset(ix, self.states, self.val_traces, self.featurize, self.max_len)
+        return self._in_memory_loader(ds, self.eval_batch_size, shuffle=False)
+
+    def _streaming(self, ix, traces: np.ndarray, batch_size: int, **kw) -> StreamingDataset:
+        """A :class:`StreamingDataset` of ``traces`` with this module's kind, features, seed
+        and read settings; ``kw``: its shuffle and sharding arguments."""
+        return StreamingDataset(
+            ix,
+            traces,
+            self.scorer_kind,
+            self.featurize,
+            batch_size,
+            shuffle_buffer=self.shuffle_buffer,
+            seed=self.seed,
+            read_batch_size=self.read_batch_size,
+            max_len=self.max_len,
+            **kw,
+        )
+
+    def _in_memory_loader(self, ds, batch_size: int, **kw) -> DataLoader:
+        """The loader of an in-memory dataset (whole batches through its ``__getitems__``);
+        ``kw``: its sampler or ``shuffle``."""
         return DataLoader(
             ds,
-            batch_size=self.eval_batch_size,
-            shuffle=False,
+            batch_size=batch_size,
             collate_fn=_identity,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            **kw,
         )
