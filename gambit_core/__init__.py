@@ -7,6 +7,7 @@
 - :mod:`gambit_core.prompts`: prompt building;
 - :mod:`gambit_core.runio`: run I/O (atomic writes, resumable output directories, versions,
   model identity, trace seeds);
+- :mod:`gambit_core.registry`: the one registry mechanism (scorer kinds, engines, methods);
 - :mod:`gambit_core.cli`: the dataclass-to-argparse helper every console script uses, and
   :class:`gambit_core.errors.InputError`, the one error class for bad input.
 

@@ -40,54 +40,52 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from gambit_core.registry import Registry
 from gambit_scorer.kind_mlp import MLPKind
 from gambit_scorer.kind_seq import SeqKind
 from gambit_scorer.scorer_kind import ScorerKind
 
 __all__ = ["build_model", "detect_kind", "get_kind", "kind_names", "kind_of_model", "register"]
 
-_KINDS: dict[str, ScorerKind] = {}
-
-
-def register(cls: type[ScorerKind]) -> type[ScorerKind]:
-    """Add a kind class to the registry (usable as a class decorator). Registration order is the order
-    :func:`detect_kind` tries kinds in (register the more specific test first)."""
-    if cls.name in _KINDS:
-        raise ValueError(f"scorer kind {cls.name!r} is registered twice")
-    _KINDS[cls.name] = cls()
-    return cls
-
-
-def kind_names() -> tuple[str, ...]:
-    """The registered kinds' names, sorted."""
-    return tuple(sorted(_KINDS))
-
-
-def get_kind(name: str | ScorerKind) -> ScorerKind:
-    """The kind called ``name`` (a kind is returned as is); ValueError naming the known ones."""
-    if isinstance(name, ScorerKind):
-        return name
-    if isinstance(name, str) and name in _KINDS:
-        return _KINDS[name]
-    names = kind_names()
-    raise ValueError(
+def _unknown(name: object, names: tuple[str, ...]) -> ValueError:
+    return ValueError(
         f"unknown scorer kind {name!r}: the known kinds are {', '.join(names)} "
         f"(choose {' or '.join(f'scorer={n}' for n in names)})"
     )
 
 
+_KINDS: Registry[ScorerKind] = Registry(_unknown, what="scorer kind")
+
+
+def register(cls: type[ScorerKind]) -> type[ScorerKind]:
+    """Add a kind class to the registry (usable as a class decorator). Registration order is
+    the order :func:`detect_kind` tries kinds in (register the more specific test first)."""
+    _KINDS.add(cls.name, cls())
+    return cls
+
+
+def kind_names() -> tuple[str, ...]:
+    """The registered kinds' names, sorted."""
+    return _KINDS.names()
+
+
+def get_kind(name: str | ScorerKind) -> ScorerKind:
+    """The kind called ``name`` (a kind is returned as is); ValueError naming the known ones."""
+    return name if isinstance(name, ScorerKind) else _KINDS.get(name)
+
+
 def kind_of_model(model: nn.Module) -> ScorerKind:
     """The kind whose network ``model`` is; TypeError for another module."""
-    for kind in _KINDS.values():
+    for kind in _KINDS:
         if isinstance(model, kind.model_class):
             return kind
-    classes = " or ".join(_KINDS[n].model_class.__name__ for n in kind_names())
+    classes = " or ".join(_KINDS.get(n).model_class.__name__ for n in kind_names())
     raise TypeError(f"expected a {classes}, got {type(model).__name__}")
 
 
 def detect_kind(state_dict: dict[str, Tensor], model_config: dict) -> ScorerKind | None:
     """The first registered kind that :meth:`~ScorerKind.recognises` a checkpoint, or None."""
-    return next((k for k in _KINDS.values() if k.recognises(state_dict, model_config)), None)
+    return next((k for k in _KINDS if k.recognises(state_dict, model_config)), None)
 
 
 register(SeqKind)  # before MLP: its test (input_proj.*) is the more specific one

@@ -10,7 +10,8 @@ engine of tests and dry runs), behind one small interface.
     decode = kind.decoder(engine)                  # token ids -> text
 
 The applications (solve, bench, harvest) name an engine with ``--engine`` and know nothing
-else about it. A new engine is a class here and a line in :data:`ENGINES`.
+else about it. A new engine is a class here and an entry of :data:`ENGINES` (a
+:class:`~gambit_core.registry.Registry`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gambit_core.errors import InputError
+from gambit_core.registry import Registry
 from gambit_core.runio import RUN_ONLY
 
 __all__ = ["ENGINES", "EngineKind", "EngineSettings", "ModelFacts", "engine_names",
@@ -234,18 +236,17 @@ class FakeKind(EngineKind):
         return engine.decode
 
 
-ENGINES: dict[str, EngineKind] = {k.name: k for k in (VLLMKind(), FakeKind())}
+ENGINES: Registry[EngineKind] = Registry(
+    lambda name, known: InputError(f"--engine must be one of {', '.join(known)}, got {name!r}"),
+    entries={k.name: k for k in (VLLMKind(), FakeKind())}, what="engine")
 """Registered engine kinds by ``--engine`` name."""
 
 
 def engine_names() -> list[str]:
     """Registered engine names."""
-    return sorted(ENGINES)
+    return list(ENGINES.names())
 
 
 def get_engine_kind(name: str) -> EngineKind:
     """The engine kind called ``name``; :class:`InputError` names the known ones."""
-    kind = ENGINES.get(name)
-    if kind is None:
-        raise InputError(f"--engine must be one of {', '.join(engine_names())}, got {name!r}")
-    return kind
+    return ENGINES.get(name)

@@ -7,7 +7,7 @@ many live traces a question occupies, what it needs from the engine and the scor
 which vote rule answers by default. :meth:`Method.bind` fixes the parameters and N into a
 :class:`BoundMethod`, the policy factory the driver (:mod:`gambit_search.driver`) runs; the
 driver knows nothing else about methods, so a new one is a module with a ``METHOD`` and a
-line in :data:`_MODULES`::
+line in :data:`_METHODS` (a :class:`~gambit_core.registry.Registry`)::
 
     from gambit_search.methods import get_method
     m = get_method("gambit")
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gambit_core.errors import InputError
+from gambit_core.registry import Registry
 from gambit_search.policy import Policy
 
 __all__ = ["BoundMethod", "Method", "NoParams", "PolicyContext", "UnknownMethodError",
@@ -130,28 +131,30 @@ class BoundMethod:
         return self.method.make_policy(self.params, self.n, ctx)
 
 
-_MODULES = {
-    "gambit": "gambit_search.methods.gambit",
-    "sc": "gambit_search.methods.sc",
-    "bon": "gambit_search.methods.bon",
-    "step": "gambit_search.methods.step",
-    "deepconf-low": "gambit_search.methods.deepconf_low",
-    "deepconf-high": "gambit_search.methods.deepconf_high",
-    "slim-sc": "gambit_search.methods.slim_sc",
-}
+_METHODS: Registry[Method] = Registry(
+    lambda name, known: UnknownMethodError(
+        f"unknown method {name!r}: choose one of {', '.join(known)}"),
+    entries={
+        "gambit": "gambit_search.methods.gambit",
+        "sc": "gambit_search.methods.sc",
+        "bon": "gambit_search.methods.bon",
+        "step": "gambit_search.methods.step",
+        "deepconf-low": "gambit_search.methods.deepconf_low",
+        "deepconf-high": "gambit_search.methods.deepconf_high",
+        "slim-sc": "gambit_search.methods.slim_sc",
+    },
+    load=lambda mod: importlib.import_module(mod).METHOD, what="method")
+"""{method name: its module}, imported when the method is asked for."""
 
 
 def method_names() -> list[str]:
     """Registered method names."""
-    return sorted(_MODULES)
+    return list(_METHODS.names())
 
 
 def get_method(name: str) -> Method:
     """The method called ``name``; :class:`UnknownMethodError` names the known ones."""
-    mod = _MODULES.get(name)
-    if mod is None:
-        raise UnknownMethodError(f"unknown method {name!r}: choose one of {', '.join(method_names())}")
-    return importlib.import_module(mod).METHOD
+    return _METHODS.get(name)
 
 
 def param_classes() -> dict[type, str]:
