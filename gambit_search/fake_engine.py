@@ -36,18 +36,16 @@ import numpy as np
 from gambit_search.engine import (
     BoundaryEvent,
     Delta,
-    Engine,
     EngineError,
     MemorySnapshot,
     SamplingSpec,
     StepOutput,
     TokenLogprobs,
     TraceId,
-    TraceInfo,
     TraceStatus,
 )
 from gambit_search.fake_kv import BlockPool, block_hashes
-from gambit_search.trace_table import TraceRecord, TraceTable
+from gambit_search.trace_table import TableEngine, TraceRecord, TraceTable
 
 __all__ = ["FakeEngine", "FakeEngineConfig", "thought_policy"]
 
@@ -147,7 +145,7 @@ class _FTrace(TraceRecord):
     req: _Req | None = None  # the live request (None: evicted or done)
 
 
-class FakeEngine(Engine):
+class FakeEngine(TableEngine[_FTrace]):
     """Scripted :class:`Engine`; see the module docstring."""
 
     def __init__(self, config: FakeEngineConfig | None = None) -> None:
@@ -207,12 +205,6 @@ class FakeEngine(Engine):
         return rng.standard_normal(self.config.hidden_size).astype(np.float32)
 
     # -- helpers ------------------------------------------------------------------------------
-    def _fail(self, t: _FTrace, reason: str, msg: str | None) -> None:
-        t.status = TraceStatus.FINISHED
-        t.finish_reason = reason
-        t.error = msg
-        self._errors.append(Delta(t.id, (), "", reason, error=msg))
-
     def _submit(self, t: _FTrace, max_tokens: int) -> None:
         seq = t.prompt + t.output
         t.status = TraceStatus.RUNNING
@@ -233,11 +225,19 @@ class FakeEngine(Engine):
         t.req = req
         self._enqueue(req)
 
-    def _new(self, prompt: list[int], spec: SamplingSpec, seed: int | None,
-             parent: int | None) -> _FTrace:
+    def _new_trace(self, prompt: list[int], spec: SamplingSpec, seed: int | None,
+                   parent: _FTrace | None) -> _FTrace:
         tid = self._traces.new_id()
         s = hash((self.config.seed, tid)) & 0x7FFFFFFF if seed is None else int(seed)
-        return self._traces.add(_FTrace(tid, prompt, spec, s, parent))
+        return self._traces.add(_FTrace(tid, prompt, spec, s, None if parent is None else parent.id))
+
+    def _drop_request(self, t: _FTrace) -> None:
+        if t.req is not None:
+            self._unlink(t.req)
+            t.req = None
+
+    def _revive_seed(self, t: _FTrace) -> int:
+        return hash((t.seed, t.id, t.incarnation)) & 0x7FFFFFFF
 
     def _release(self, req: _Req) -> None:
         self._pool.release(req.blocks)
@@ -259,50 +259,6 @@ class FakeEngine(Engine):
             self._release(req)
         else:
             self._waiting.pop(req, None)
-
-    # -- traces -------------------------------------------------------------------------------
-    def add_trace(self, prompt_ids: Sequence[int], spec: SamplingSpec,
-                  seed: int | None = None) -> TraceId:
-        prompt = [int(i) for i in prompt_ids]
-        if not prompt:
-            raise EngineError("prompt_ids is empty")
-        t = self._new(prompt, spec, seed, None)
-        self._submit(t, spec.max_tokens)
-        return t.id
-
-    def fork(self, parent: TraceId, temperature_multiplier: float = 1.0,
-             seed: int | None = None, max_tokens: int | None = None,
-             at: int | None = None) -> TraceId:
-        plan = self._traces.fork_plan(parent, temperature_multiplier, max_tokens, at)
-        c = self._new(plan.prompt, plan.spec, seed, parent)
-        self._submit(c, plan.budget)
-        return c.id
-
-    def abort(self, trace: TraceId) -> None:
-        t = self._traces.get(trace)
-        if t.status in (TraceStatus.FINISHED, TraceStatus.ABORTED):
-            return
-        if t.req is not None:
-            self._unlink(t.req)
-            t.req = None
-        t.status = TraceStatus.ABORTED
-        t.finish_reason = "abort"
-
-    def release(self, trace: TraceId) -> None:
-        self._traces.release(trace)
-
-    def evict(self, trace: TraceId) -> None:
-        t = self._traces.expect(trace, "evict", TraceStatus.RUNNING)
-        if t.req is not None:
-            self._unlink(t.req)
-            t.req = None
-        t.status = TraceStatus.EVICTED
-
-    def revive(self, trace: TraceId) -> None:
-        t = self._traces.expect(trace, "revive", TraceStatus.EVICTED)
-        t.incarnation += 1
-        t.seed = hash((t.seed, t.id, t.incarnation)) & 0x7FFFFFFF
-        self._submit(t, t.spec.max_tokens - len(t.output))
 
     # -- scheduling ---------------------------------------------------------------------------
     def _admit(self, req: _Req) -> bool:
@@ -464,18 +420,9 @@ class FakeEngine(Engine):
         return TokenLogprobs(tok, vals[0], ids, tuple(vals[:k]))
 
     # -- reading ------------------------------------------------------------------------------
-    def trace_info(self, trace: TraceId) -> TraceInfo:
-        return self._traces.info(trace)
-
-    def trace_ids(self) -> list[TraceId]:
-        return self._traces.ids()
-
     def sampled_logprobs(self, trace: TraceId) -> np.ndarray:
         """Every token's (scripted) log-prob is known at once: no NaN."""
         return np.asarray(self._traces.get(trace).lps, dtype=np.float32)
-
-    def last_boundary(self, trace: TraceId) -> BoundaryEvent | None:
-        return self._traces.last_boundary(trace, self.config.capture_hidden)
 
     def memory(self) -> MemorySnapshot:
         free = self._pool.num_free

@@ -7,22 +7,32 @@ engine subclasses it for its own per-trace state. :class:`TraceTable` assigns th
 answers the :class:`~gambit_search.engine.Engine` methods that only read or check the table
 (``trace_info``, ``trace_ids``, ``last_boundary``, ``release``, the status checks of
 ``fork`` / ``evict`` / ``revive`` and where a fork branches), with the same errors in both
-engines. Used by :class:`~gambit_search.fake_engine.FakeEngine` and
-:class:`~gambit_search.vllm_engine.VLLMEngine`::
+engines. :class:`TableEngine` is the engines' one lifecycle over the table: ``add_trace``,
+``fork``, ``abort``, ``evict``, ``revive``, ``release`` and the reading methods, written once,
+with hooks for what differs (:meth:`~TableEngine._submit` a trace's request,
+:meth:`~TableEngine._drop_request` it, make a record, derive a revive's seed). Used by
+:class:`~gambit_search.fake_engine.FakeEngine` and :class:`~gambit_search.vllm_engine.VLLMEngine`::
 
-    self._traces: TraceTable[MyTrace] = TraceTable()
-    t = self._traces.add(MyTrace(self._traces.new_id(), prompt, spec, seed, None))
-    info = self._traces.info(t.id)
+    class MyEngine(TableEngine):
+        def __init__(self):
+            self._traces: TraceTable[MyTrace] = TraceTable()
+            self._errors: list[Delta] = []
+        def _new_trace(self, prompt, spec, seed, parent): ...   # a MyTrace in the table
+        def _submit(self, t, max_tokens): ...                  # start its request
+        def _drop_request(self, t): ...                        # end it (evict, abort)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from abc import abstractmethod
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, NamedTuple, TypeVar
 
 from gambit_search.engine import (
     BoundaryEvent,
+    Delta,
+    Engine,
     EngineError,
     SamplingSpec,
     TraceId,
@@ -30,7 +40,7 @@ from gambit_search.engine import (
     TraceStatus,
 )
 
-__all__ = ["ForkPlan", "TraceRecord", "TraceTable"]
+__all__ = ["ForkPlan", "TableEngine", "TraceRecord", "TraceTable"]
 
 
 @dataclass
@@ -159,3 +169,105 @@ class TraceTable(Generic[T]):
         spec = replace(p.spec, temperature=p.spec.temperature * temperature_multiplier,
                        max_tokens=max(1, budget))
         return ForkPlan(p, p.prompt + p.output[:cut], spec, budget)
+
+
+class TableEngine(Engine, Generic[T]):
+    """An :class:`~gambit_search.engine.Engine` whose traces live in a :class:`TraceTable`:
+    the trace lifecycle both engines share (see the module docstring).
+
+    A subclass sets ``_traces`` (its table) and ``_errors`` (finishing deltas of traces that
+    failed outside a step, delivered by its next step), and implements the hooks
+    :meth:`_new_trace`, :meth:`_submit`, :meth:`_drop_request` and :meth:`_revive_seed`."""
+
+    _traces: TraceTable[T]
+    _errors: list[Delta]
+
+    # -- hooks ----------------------------------------------------------------------------
+    @abstractmethod
+    def _new_trace(self, prompt: list[int], spec: SamplingSpec, seed: int | None,
+                   parent: T | None) -> T:
+        """A new record in the table (``seed`` None: the engine's own; ``parent``: the
+        forked trace's record, None for a new trace)."""
+
+    @abstractmethod
+    def _submit(self, t: T, max_tokens: int) -> None:
+        """Start the current incarnation of ``t`` (status RUNNING) with ``max_tokens`` left;
+        a request the engine refuses fails ``t`` only (:meth:`_fail`)."""
+
+    @abstractmethod
+    def _drop_request(self, t: T) -> None:
+        """End the running ``t``'s current request (evict, abort): off the engine, and
+        nothing undelivered of it is delivered later."""
+
+    @abstractmethod
+    def _revive_seed(self, t: T) -> int:
+        """The seed of ``t``'s request once revived (``t.incarnation`` already counts it)."""
+
+    def _check_open(self) -> None:  # noqa: B027 - optional hook
+        """Raise :class:`EngineError` when the engine can no longer start requests."""
+
+    def _after_abort(self, t: T) -> None:  # noqa: B027 - optional hook
+        """Called once ``t`` is marked aborted."""
+
+    def _fail(self, t: T, reason: str, msg: str | None) -> None:
+        """End ``t`` outside a step: finished with ``reason`` ("error" with ``msg``, or
+        "length"); its finishing delta goes out with the next step."""
+        t.status = TraceStatus.FINISHED
+        t.finish_reason = reason
+        t.error = msg
+        self._errors.append(Delta(t.id, (), "", reason, error=msg))
+
+    # -- traces ---------------------------------------------------------------------------
+    def add_trace(self, prompt_ids: Sequence[int], spec: SamplingSpec,
+                  seed: int | None = None) -> TraceId:
+        self._check_open()
+        prompt = [int(i) for i in prompt_ids]
+        if not prompt:
+            raise EngineError("prompt_ids is empty")
+        t = self._new_trace(prompt, spec, seed, None)
+        self._submit(t, spec.max_tokens)
+        return t.id
+
+    def fork(self, parent: TraceId, temperature_multiplier: float = 1.0,
+             seed: int | None = None, max_tokens: int | None = None,
+             at: int | None = None) -> TraceId:
+        self._check_open()
+        plan = self._traces.fork_plan(parent, temperature_multiplier, max_tokens, at)
+        child = self._new_trace(plan.prompt, plan.spec, seed, plan.parent)
+        self._submit(child, plan.budget)
+        return child.id
+
+    def abort(self, trace: TraceId) -> None:
+        t = self._traces.get(trace)
+        if t.status in (TraceStatus.FINISHED, TraceStatus.ABORTED):
+            return
+        if t.status is TraceStatus.RUNNING:
+            self._drop_request(t)
+        t.status = TraceStatus.ABORTED
+        t.finish_reason = "abort"
+        self._after_abort(t)
+
+    def release(self, trace: TraceId) -> None:
+        self._traces.release(trace)
+
+    def evict(self, trace: TraceId) -> None:
+        t = self._traces.expect(trace, "evict", TraceStatus.RUNNING)
+        self._drop_request(t)
+        t.status = TraceStatus.EVICTED
+
+    def revive(self, trace: TraceId) -> None:
+        self._check_open()
+        t = self._traces.expect(trace, "revive", TraceStatus.EVICTED)
+        t.incarnation += 1
+        t.seed = self._revive_seed(t)
+        self._submit(t, t.spec.max_tokens - len(t.output))
+
+    # -- reading --------------------------------------------------------------------------
+    def trace_info(self, trace: TraceId) -> TraceInfo:
+        return self._traces.info(trace)
+
+    def trace_ids(self) -> list[TraceId]:
+        return self._traces.ids()
+
+    def last_boundary(self, trace: TraceId) -> BoundaryEvent | None:
+        return self._traces.last_boundary(trace, self.captures_hidden)

@@ -57,7 +57,6 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,19 +64,16 @@ import numpy as np
 
 from gambit_search.boundary_vocab import BoundaryVocab
 from gambit_search.engine import (
-    BoundaryEvent,
     Delta,
-    Engine,
     EngineDied,
     EngineError,
     MemorySnapshot,
     SamplingSpec,
     StepOutput,
     TraceId,
-    TraceInfo,
     TraceStatus,
 )
-from gambit_search.trace_table import TraceTable
+from gambit_search.trace_table import TableEngine, TraceTable
 from gambit_search.vllm_config import VLLMEngineConfig, check_config
 from gambit_search.vllm_delivery import (
     Delivery,
@@ -103,7 +99,7 @@ def _seed_for(base: int, trace: int, incarnation: int) -> int:
     return zlib.crc32(f"{base}:{trace}:{incarnation}".encode()) & 0x7FFFFFFF
 
 
-class VLLMEngine(Engine):
+class VLLMEngine(TableEngine[VTrace]):
     """:class:`Engine` on stock vLLM. See the module docstring."""
 
     def __init__(self, config: VLLMEngineConfig) -> None:
@@ -259,20 +255,23 @@ class VLLMEngine(Engine):
         except Exception as e:  # noqa: BLE001 - the trace fails, the engine goes on
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             reason = "length" if isinstance(e, EngineError) and "budget" in msg else "error"
-            t.status = TraceStatus.FINISHED
-            t.finish_reason = reason
-            t.error = None if reason == "length" else msg
-            self._errors.append(Delta(t.id, (), "", reason, error=t.error))
+            self._fail(t, reason, None if reason == "length" else msg)
             return
         self._by_req[req] = t
         self._live.add(req)
 
     def _new_trace(self, prompt: list[int], spec: SamplingSpec, seed: int | None,
-                   parent: int | None, text_start: int | None = None) -> VTrace:
+                   parent: VTrace | None) -> VTrace:
         tid = self._traces.new_id()
         seed = _seed_for(self.config.seed, tid, 0) if seed is None else int(seed)
+        # a fork's decoded output begins where its parent's does
+        text_start = None if parent is None else parent.text_start
         start = len(prompt) if text_start is None else text_start
-        return self._traces.add(VTrace(tid, prompt, spec, seed, parent, text_start=start))
+        return self._traces.add(VTrace(tid, prompt, spec, seed,
+                                       None if parent is None else parent.id, text_start=start))
+
+    def _revive_seed(self, t: VTrace) -> int:
+        return _seed_for(t.seed, t.id, t.incarnation)
 
     def _drop_request(self, t: VTrace) -> None:
         """End ``t``'s current request (evict, abort): abort it in vLLM if it is live, and
@@ -284,55 +283,17 @@ class VLLMEngine(Engine):
             self._by_req.pop(req, None)
         self._delivery.drop(t)
 
-    # -- traces --------------------------------------------------------------------------------
-    def add_trace(self, prompt_ids: Sequence[int], spec: SamplingSpec,
-                  seed: int | None = None) -> TraceId:
-        self._check_open()
-        prompt = [int(i) for i in prompt_ids]
-        if not prompt:
-            raise EngineError("prompt_ids is empty")
-        t = self._new_trace(prompt, spec, seed, None)
-        self._submit(t, spec.max_tokens)
-        return t.id
-
-    def fork(self, parent: TraceId, temperature_multiplier: float = 1.0,
-             seed: int | None = None, max_tokens: int | None = None,
-             at: int | None = None) -> TraceId:
-        self._check_open()
-        plan = self._traces.fork_plan(parent, temperature_multiplier, max_tokens, at)
-        child = self._new_trace(plan.prompt, plan.spec, seed, parent, plan.parent.text_start)
-        self._submit(child, plan.budget)
-        return child.id
-
-    def abort(self, trace: TraceId) -> None:
-        t = self._traces.get(trace)
-        if t.status in (TraceStatus.FINISHED, TraceStatus.ABORTED):
-            return
-        if t.status is TraceStatus.RUNNING:
-            self._drop_request(t)
-        t.status = TraceStatus.ABORTED
-        t.finish_reason = "abort"
+    # -- traces (the lifecycle is TableEngine's) ------------------------------------------------
+    def _after_abort(self, t: VTrace) -> None:
         t.pending.clear()
 
     def release(self, trace: TraceId) -> None:
-        self._traces.release(trace)
+        super().release(trace)
         if self.config.scorer is not None:
             self._forget.append(trace)
             if len(self._forget) >= FORGET_BATCH:
                 self._rt.forget(self._forget)
                 self._forget = []
-
-    def evict(self, trace: TraceId) -> None:
-        t = self._traces.expect(trace, "evict", TraceStatus.RUNNING)
-        self._drop_request(t)
-        t.status = TraceStatus.EVICTED
-
-    def revive(self, trace: TraceId) -> None:
-        self._check_open()
-        t = self._traces.expect(trace, "revive", TraceStatus.EVICTED)
-        t.incarnation += 1
-        t.seed = _seed_for(t.seed, t.id, t.incarnation)
-        self._submit(t, t.spec.max_tokens - len(t.output))
 
     # -- stepping ------------------------------------------------------------------------------
     def step(self) -> StepOutput:
@@ -446,15 +407,6 @@ class VLLMEngine(Engine):
         k = min(n, len(t.lps))
         out[:k] = t.lps[:k]
         return out
-
-    def trace_info(self, trace: TraceId) -> TraceInfo:
-        return self._traces.info(trace)
-
-    def trace_ids(self) -> list[TraceId]:
-        return self._traces.ids()
-
-    def last_boundary(self, trace: TraceId) -> BoundaryEvent | None:
-        return self._traces.last_boundary(trace, self.config.capture_hidden)
 
     def memory(self) -> MemorySnapshot:
         self._check_open()
