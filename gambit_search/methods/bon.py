@@ -12,6 +12,7 @@ every result row (``answer_top1`` / ``correct_top1``), as is the plain majority.
 from __future__ import annotations
 
 from gambit_search.methods import Method
+from gambit_search.methods.independent import from_budget
 from gambit_search.methods.sc import SelfConsistency
 
 
@@ -20,14 +21,10 @@ class BestOfN(SelfConsistency):
     events); done when all have ended. Votes carry the final trace scores."""
 
 
-def _make(params, n: int, ctx=None) -> BestOfN:
-    return BestOfN(n)
-
-
 METHOD = Method(
     name="bon",
     summary="best-of-N: N independent scored traces, score-weighted vote (top-1 reported too)",
-    make_policy=_make,
+    make_policy=from_budget(BestOfN),
     needs_scorer=True,
     scores_traces=True,
     vote="weighted",

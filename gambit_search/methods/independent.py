@@ -12,9 +12,14 @@ hooks, what follows a trace's end and what a step's progress does.
 
 By default a question is done when its last live trace ends, and progress only counts
 tokens; memory events are ignored (STEP, which acts on them, answers them before this).
+:func:`from_budget` is the ``make_policy`` of a method whose policy takes only its budget
+(SC, BoN, STEP): ``Method(..., make_policy=from_budget(SelfConsistency))``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from gambit_search.policy import (
     Action,
@@ -26,7 +31,7 @@ from gambit_search.policy import (
     Scored,
 )
 
-__all__ = ["IndependentTraces"]
+__all__ = ["IndependentTraces", "from_budget"]
 
 
 class IndependentTraces(NodeBook):
@@ -58,3 +63,13 @@ class IndependentTraces(NodeBook):
         """One engine step's tokens: count them; the actions the method takes on them."""
         self._on_progress(event)
         return []
+
+
+def from_budget(cls: Callable[[int], Any]) -> Callable[..., Any]:
+    """A :attr:`~gambit_search.methods.Method.make_policy` that builds ``cls(n)`` from the
+    budget alone (the method has no parameters and needs nothing of the context)."""
+
+    def make(params: Any, n: int, ctx: Any = None) -> Any:
+        return cls(n)
+
+    return make

@@ -9,7 +9,7 @@ measured against). No scorer, no rounds, no memory handling.
 from __future__ import annotations
 
 from gambit_search.methods import Method
-from gambit_search.methods.independent import IndependentTraces
+from gambit_search.methods.independent import IndependentTraces, from_budget
 from gambit_search.policy import Action, Spawn
 
 
@@ -27,13 +27,9 @@ class SelfConsistency(IndependentTraces):
         return [Spawn(self._new_root().id) for _ in range(self.n)]
 
 
-def _make(params, n: int, ctx=None) -> SelfConsistency:
-    return SelfConsistency(n)
-
-
 METHOD = Method(
     name="sc",
     summary="self-consistency: N independent traces, plain majority over equivalence bins",
-    make_policy=_make,
+    make_policy=from_budget(SelfConsistency),
     vote="plain",
 )

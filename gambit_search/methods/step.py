@@ -24,6 +24,7 @@ Choices where the paper leaves room:
 from __future__ import annotations
 
 from gambit_search.methods import Method
+from gambit_search.methods.independent import from_budget
 from gambit_search.methods.sc import SelfConsistency
 from gambit_search.policy import Action, Event, MemoryPressure, Node, NodeState, Prune, Spawn
 
@@ -77,15 +78,11 @@ class Step(SelfConsistency):
         return acts
 
 
-def _make(params, n: int, ctx=None) -> Step:
-    return Step(n)
-
-
 METHOD = Method(
     name="step",
     summary="STEP: N scored traces, abort the lowest-scored under memory pressure, "
             "score-weighted vote",
-    make_policy=_make,
+    make_policy=from_budget(Step),
     needs_scorer=True,
     scores_traces=True,
     uses_memory=True,
