@@ -183,10 +183,6 @@ class FakeEngine(TableEngine[_FTrace]):
     def max_model_len(self) -> int:
         return self.config.max_model_len
 
-    @property
-    def captures_hidden(self) -> bool:
-        return self.config.capture_hidden
-
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``: boundary "\\n\\n", ``</think>``, EOS "", others "t<id> "."""
         parts = []

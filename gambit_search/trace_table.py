@@ -27,7 +27,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from gambit_search.engine import (
     BoundaryEvent,
@@ -175,12 +175,18 @@ class TableEngine(Engine, Generic[T]):
     """An :class:`~gambit_search.engine.Engine` whose traces live in a :class:`TraceTable`:
     the trace lifecycle both engines share (see the module docstring).
 
-    A subclass sets ``_traces`` (its table) and ``_errors`` (finishing deltas of traces that
-    failed outside a step, delivered by its next step), and implements the hooks
-    :meth:`_new_trace`, :meth:`_submit`, :meth:`_drop_request` and :meth:`_revive_seed`."""
+    A subclass sets ``config`` (its settings, with ``capture_hidden``), ``_traces`` (its
+    table) and ``_errors`` (finishing deltas of traces that failed outside a step, delivered
+    by its next step), and implements the hooks :meth:`_new_trace`, :meth:`_submit`,
+    :meth:`_drop_request` and :meth:`_revive_seed`."""
 
+    config: Any
     _traces: TraceTable[T]
     _errors: list[Delta]
+
+    @property
+    def captures_hidden(self) -> bool:
+        return self.config.capture_hidden
 
     # -- hooks ----------------------------------------------------------------------------
     @abstractmethod

@@ -181,10 +181,6 @@ class VLLMEngine(TableEngine[VTrace]):
         return self._rt.max_model_len
 
     @property
-    def captures_hidden(self) -> bool:
-        return self.config.capture_hidden
-
-    @property
     def scorer_checkpoint(self) -> str | None:
         return None if self.config.scorer is None else str(Path(self.config.scorer).resolve())
 
