@@ -65,6 +65,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gambit_core.sampling import sampling_problem
+
 __all__ = [
     "BoundaryEvent",
     "Delta",
@@ -140,14 +142,9 @@ class SamplingSpec:
     a trace branches from what was delivered."""
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise EngineError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise EngineError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise EngineError(f"top_k must be >= 0 (0: off), got {self.top_k}")
-        if self.max_tokens < 1:
-            raise EngineError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        problem = sampling_problem(self, flags=False)
+        if problem is not None:
+            raise EngineError(problem)
         if self.logprobs is not None and self.logprobs < 0:
             raise EngineError(f"logprobs must be None or >= 0, got {self.logprobs}")
 
