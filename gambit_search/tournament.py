@@ -54,6 +54,9 @@ Semantics (docs/SEARCH.md and docs/REFERENCE.md, "Gambit"); where ours differs i
   steps.
 - **Diversity** (``max_children``): a parent with that many children (ever) is no longer
   eligible, so the forks of a round spread over more parents (0: no cap, the reference).
+  ``max_lineage``: a fork may not take a root's lineage (the root and all its descendants)
+  above that many active traces; the next-best parent of another lineage forks instead, or a
+  fresh root when none has room (DVTS-like independent subtrees; 0: no cap, the reference).
 - **Prune budget** (``max_prunes``): a question prunes at most this many traces (floor and
   swap alike, lowest ranked first); then rounds prune no more and the survivors finish, so
   at most N + ``max_prunes`` traces start (errors aside): a cap on the search's exploration
@@ -78,6 +81,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import Counter
 
 from gambit_search.policy import (
     Action,
@@ -137,6 +141,8 @@ class Tournament(NodeBook):
         self._version: dict[int, int] = {}
         self._children: dict[int, int] = {}
         """Children forked from each node (for ``max_children``)."""
+        self._root: dict[int, int] = {}
+        """Each forked node's root (for ``max_lineage``; a root is its own and is not filed)."""
         self._scored_since_round = 0
         """Scored boundaries of active nodes since the last round (``interval_unit="thoughts"``)."""
         self._best: dict[int, tuple[int, float]] = {}
@@ -319,23 +325,35 @@ class Tournament(NodeBook):
         return parents
 
     def _fill(self, slots: int, parents: list[Node]) -> tuple[list[Action], list[int]]:
-        """``slots`` forks from ``parents`` round-robin (a parent at its ``max_children``
-        drops out), fresh samples when none is left."""
+        """``slots`` forks from ``parents`` round-robin (a parent at its ``max_children``, or
+        whose lineage holds ``max_lineage`` active traces, drops out), fresh samples when none
+        is left."""
+        cfg = self.config
         acts: list[Action] = []
         used: list[int] = []
         parents = list(parents)
+        load = (Counter(self.root_of(n.id) for n in self.active()) if cfg.max_lineage
+                else None)
         i = 0
         for _ in range(max(0, slots)):
-            parents = [p for p in parents if self._eligible(p)] if self.config.max_children \
-                else parents
+            if cfg.max_children:
+                parents = [p for p in parents if self._eligible(p)]
+            if load is not None:
+                parents = [p for p in parents if load[self.root_of(p.id)] < cfg.max_lineage]
             if parents:
                 p = parents[i % len(parents)]
                 i += 1
                 acts.append(self._fork(p))
                 used.append(p.id)
+                if load is not None:
+                    load[self.root_of(p.id)] += 1
             else:
                 acts.append(Spawn(self._new_root().id))
         return acts, used
+
+    def root_of(self, node_id: int) -> int:
+        """The root of ``node_id``'s lineage (itself for a root)."""
+        return self._root.get(node_id, node_id)
 
     def _refill(self) -> list[Action]:
         """Refill the pool on the event that opened room in it."""
@@ -345,7 +363,9 @@ class Tournament(NodeBook):
         if room == 0:  # the common case: no parents to rank
             return []
         # _fill forks from parents[i % len(parents)], i < room: only the best `room` matter
-        parents = (self._top_parents(room) if self.config.parents == "top"
+        # (with max_lineage, the best `room` may all be in full lineages: rank them all)
+        parents = (self._top_parents(room)
+                   if self.config.parents == "top" and not self.config.max_lineage
                    else self._parents(set()))
         acts, _ = self._fill(room, parents)
         return acts
@@ -408,6 +428,7 @@ class Tournament(NodeBook):
         at = self._branch_at(p)
         child = self._new_child(p, at)
         self._children[p.id] = self._children.get(p.id, 0) + 1
+        self._root[child.id] = self.root_of(p.id)
         self._inherit_points(child)
         # the engine multiplies the parent's temperature: a root's is T, a child's T x m
         mult = cfg.child_temperature if p.depth == 0 else 1.0

@@ -54,6 +54,10 @@ class TournamentConfig:
     "thoughts" (scored boundaries per running trace)."""
     max_children: int = 0
     """Diversity cap: a parent with this many children is no longer eligible (0: none)."""
+    max_lineage: int = 0
+    """Diversity cap: a fork may not take a root's lineage (the root and its descendants)
+    above this many active traces; with no parent left under it, a fresh root is sampled
+    (0: none)."""
     max_prunes: int | None = None
     """Prune budget: at most this many traces pruned per question, then the survivors finish
     (None: no cap)."""
@@ -94,6 +98,9 @@ class TournamentConfig:
         if self.max_children < 0:
             raise TournamentConfigError(
                 f"max_children must be >= 0 (0: no cap), got {self.max_children}")
+        if self.max_lineage < 0:
+            raise TournamentConfigError(
+                f"max_lineage must be >= 0 (0: no cap), got {self.max_lineage}")
         if self.parents not in ("top", "random"):
             raise TournamentConfigError(f"parents must be 'top' or 'random', got {self.parents!r}")
         if self.max_prunes is not None and self.max_prunes < 0:

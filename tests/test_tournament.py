@@ -88,6 +88,7 @@ class Params:
     interval_unit: str = "steps"
     max_children: int = 0
     prune_budget: float = math.inf
+    lineage_share: float = 0.0
 
 
 def _gambit_params(p: Params) -> GambitParams:
@@ -95,7 +96,8 @@ def _gambit_params(p: Params) -> GambitParams:
                         floor=p.floor, child_temperature=p.child_temperature,
                         branch_point=p.branch_point, ghosts=p.ghosts, revive=p.revive,
                         drain=p.drain, interval_unit=p.interval_unit,
-                        max_children=p.max_children, prune_budget=p.prune_budget)
+                        max_children=p.max_children, prune_budget=p.prune_budget,
+                        lineage_share=p.lineage_share)
 
 
 def _method() -> Method:
@@ -152,6 +154,7 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
     unit=st.sampled_from(["steps", "steps", "thoughts"]),
     max_children=st.sampled_from([0, 0, 1, 2]),
     prune_budget=st.sampled_from([math.inf, math.inf, 0.0, 0.3, 1.0]),
+    lineage_share=st.sampled_from([0.0, 0.0, 0.25, 0.5]),
     ghosts=st.booleans(),
     revive=st.booleans(),
     num_blocks=st.sampled_from([24, 48, 4096]),
@@ -162,19 +165,19 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
     queue=st.sampled_from([0, 0, 3]),
 )
 def test_invariants_hold_on_the_fake_engine(k, extra, more, interval, warmup, floor, branch,
-                                            unit, max_children, prune_budget, ghosts, revive,
-                                            num_blocks, seed, n_questions, score_every, drain,
-                                            queue):
+                                            unit, max_children, prune_budget, lineage_share,
+                                            ghosts, revive, num_blocks, seed, n_questions,
+                                            score_every, drain, queue):
     """C = N and C < N (``more``), with and without a small KV pool, drain on and off, with
     and without traces queued beyond the engine's limit, every branch point, rounds in steps
-    or thoughts, with and without a cap on children and on prunes: every
+    or thoughts, with and without a cap on children, on lineages and on prunes: every
     question votes on exactly N completed traces unless it records the token cap, every
     refill comes with the event that opened room (``Checked``), ghosts leave, all ends."""
     cap = 2 * k + extra
     params = Params(n=cap + more, capacity=cap, swap=k, interval=interval, warmup=warmup,
                     floor=floor, branch_point=branch, ghosts=ghosts, revive=revive, drain=drain,
                     child_temperature=0.8, interval_unit=unit, max_children=max_children,
-                    prune_budget=prune_budget)
+                    prune_budget=prune_budget, lineage_share=lineage_share)
     eng, drv, results = _run(params, num_blocks, seed, n_questions, max_live=2 * cap,
                              score_every=score_every, queue=queue)
     assert len(results) == n_questions  # every run terminates, every question is reported
@@ -196,6 +199,19 @@ def test_invariants_hold_on_the_fake_engine(k, extra, more, interval, warmup, fl
         if drain and st_["end_reason"] == "budget":  # nothing stopped: every trace kept voted
             assert st_["stopped"] == 0
             assert st_["started"] == len(completed) + st_["prunes"] + st_["failures"]
+        if lineage_share:  # no fork took its root's lineage above the cap
+            lin_cap = max(1, math.ceil(lineage_share * cap - 1e-9))
+            roots: dict[int, int] = {}
+            for n in nodes:  # a parent is created before its child: listed first
+                roots[n["id"]] = n["id"] if n["parent"] is None else roots[n["parent"]]
+            for c in nodes:
+                if c["parent"] is None:
+                    continue
+                t = c["created_at"]  # members active right after the fork (ties: ended before)
+                members = [n for n in nodes if roots[n["id"]] == roots[c["id"]]
+                           and n["created_at"] <= t
+                           and (n["ended_at"] is None or n["ended_at"] > t)]
+                assert len(members) <= lin_cap, (c, lin_cap)
         if prune_budget < math.inf:  # the prune budget holds, ghosts' prunes included
             assert st_["prunes"] <= math.ceil(prune_budget * params.n - 1e-9), st_
         # nothing is left active: ghosts left (pruned or revived and finished)
@@ -627,6 +643,45 @@ def test_max_children_spreads_forks_over_parents():
     assert sorted(parents) == [6, 7]
     assert sum(isinstance(a, Spawn) for a in acts) == 4
     assert not t._eligible(t.nodes[7])
+
+
+def test_max_lineage_spreads_forks_over_root_lineages():
+    """A cap of 2 active traces per root's lineage: the floor prunes 6 of 8, the two good
+    roots take one child each, fresh roots fill the rest; a grandchild of a full lineage is
+    not forked."""
+    t = _tour(capacity=8, swap=1, interval=100, floor=0.5, max_lineage=2)
+    t.start()
+    for n in range(8):
+        t.handle(Scored(n, 1, 0.9 if n == 7 else (0.8 if n == 6 else 0.1)))
+    _tick(t, range(8), 2)
+    acts = t.round()
+    forks = [a for a in acts if isinstance(a, Fork)]
+    assert sorted(a.parent for a in forks) == [6, 7]
+    assert sum(isinstance(a, Spawn) for a in acts) == 4
+    assert {t.root_of(a.node) for a in forks} == {6, 7}
+    # a later refill: 7's child scores best, but 7's lineage is full (7 and its child)
+    kid7 = next(a.node for a in forks if a.parent == 7)
+    fresh = [a.node for a in acts if isinstance(a, Spawn)]
+    t.handle(Scored(kid7, 1, 0.99))
+    for n in fresh:
+        t.handle(Scored(n, 1, 0.6))
+    _tick(t, [6, 7, kid7, *fresh, *(a.node for a in forks)], 20)
+    t._end(t.nodes[fresh[0]], NodeState.PRUNED)
+    (a,) = t._refill()
+    assert isinstance(a, Fork) and t.root_of(a.node) not in (6, 7)
+    with pytest.raises(TournamentConfigError, match="max_lineage must be >= 0"):
+        TournamentConfig(max_lineage=-1)
+
+
+@pytest.mark.parametrize("share, c, cap", [(0.0, 32, 0), (0.25, 32, 8), (0.1, 8, 1),
+                                           (0.01, 8, 1), (1.0, 16, 16)])
+def test_the_lineage_share_is_a_share_of_c(share, c, cap):
+    from gambit_search.methods.gambit import tournament_config
+
+    assert tournament_config(GambitParams(capacity=c, lineage_share=share), 64).max_lineage == cap
+    for bad in (-0.1, 1.5, math.nan, "wide"):
+        with pytest.raises(TournamentConfigError, match="lineage_share must be"):
+            tournament_config(GambitParams(lineage_share=bad), 64)
 
 
 def test_the_prune_budget_stops_pruning_and_the_survivors_finish():

@@ -54,6 +54,10 @@ class GambitParams:
     max_children: int = 0
     """Diversity cap: a trace that has had this many children is no longer a parent (0: no
     cap; 2 on top of "best": +1.5 points on toy-clean val, noise) [paper 0]."""
+    lineage_share: float = 0.0
+    """Diversity cap per root lineage: a fork may not take one root's descendants above this
+    share of C active traces (ceil(share x C), at least 1); the next-best parent of another
+    lineage forks instead, or a fresh root (0: no cap) [paper 0]."""
     prune_budget: float = 1.0
     """Exploration cap: at most this times N traces pruned per question (so at most (1 + it)
     x N started); then no more prunes, and the survivors finish and vote (inf: no cap; on
@@ -114,9 +118,22 @@ def tournament_config(params: GambitParams, n: int, max_tokens: int | None = Non
         budget=n, ghosts=params.ghosts, revive=params.revive, branch_point=params.branch_point,
         parents=params.parents, drain=params.drain, interval_unit=params.interval_unit,
         max_children=params.max_children,
+        max_lineage=_lineage_cap(params.lineage_share, c),
         max_prunes=None if math.isinf(x) else math.ceil(x * n - 1e-9),
         max_unique_tokens=4 * n * max_tokens if max_tokens else None,
     )
+
+
+def _lineage_cap(share: float, c: int) -> int:
+    """``lineage_share`` as TournamentConfig's ``max_lineage``: ceil(share x C), 0 for off."""
+    try:
+        x = float(share)
+    except (TypeError, ValueError):
+        x = math.nan
+    if not 0 <= x <= 1:
+        raise TournamentConfigError(
+            f"lineage_share must be a number in [0, 1] (0: no cap), got {share!r}")
+    return max(1, math.ceil(x * c - 1e-9)) if x > 0 else 0
 
 
 def _make(params: GambitParams, n: int, ctx=None) -> Tournament:

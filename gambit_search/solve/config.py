@@ -66,6 +66,8 @@ class PaperPreset:
     """Children fork at the parent's current tokens."""
     max_children: int = 0
     """No cap on children per parent."""
+    lineage_share: float = 0.0
+    """No cap on a root's lineage."""
     prune_budget: float = float("inf")
     """No cap on prunes per question."""
     parents: str = "top"
