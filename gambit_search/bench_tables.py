@@ -64,6 +64,7 @@ def run_metrics(summary: dict, rows: list[dict]) -> dict:
         "budget_reached": sum(c >= n for c in done) if n else None,
         "accuracy_weighted": summary.get("accuracy_weighted"),
         "accuracy_plain": summary.get("accuracy_plain"), "accuracy_top1": summary.get("accuracy_top1"),
+        "accuracy_lineage": summary.get("accuracy_lineage"),
         "diagnostics": Totals.of(row_diagnostics(r) for r in rows).to_json(),
     }
 
@@ -81,8 +82,8 @@ def aggregate(per_run: list[dict]) -> list[dict]:
         by_rule = {rule: (sum(r.get(f"correct_{rule}", 0) for r in rs) / n if n else None)
                    for rule in RULES}
         # the headline is the method's best vote rule (every rule is in the row too); on a
-        # tie the simplest rule names it (plain, then weighted, then top-1)
-        pref = ("plain", "weighted", "top1")
+        # tie the simplest rule names it (plain, then weighted, then top-1, then lineage)
+        pref = ("plain", "weighted", "top1", "lineage")
         best = max(RULES, key=lambda rule: (by_rule[rule] or 0.0, -pref.index(rule)))
         k = sum(r.get(f"correct_{best}", 0) for r in rs)
         lo, hi = wilson(k, n)
@@ -129,7 +130,7 @@ def markdown(table: list[dict]) -> str:
         return f(100 * x if x is not None else None, ".1f")
 
     cols = ["dataset", "method", "N", "seeds", "questions", "accuracy (best rule)", "95% CI",
-            "weighted", "plain", "top-1", "completions / q", "started / q", "reached N",
+            "weighted", "plain", "top-1", "lineage", "completions / q", "started / q", "reached N",
             "unique tokens / q", "tokens / completion", "wall s", "completions / s",
             "mean KV use", "latency s", "latency / ideal", "preemptions", "coverage",
             "correct / q", "distinct / q", "inherited share", "fork depth mean / max"]
@@ -142,6 +143,7 @@ def markdown(table: list[dict]) -> str:
             f"{pct(r['accuracy'])}% ({r.get('best_rule', '-')}) | "
             f"{f(100 * lo, '.1f')}-{f(100 * hi, '.1f')} | {pct(r.get('accuracy_weighted'))} | "
             f"{pct(r.get('accuracy_plain'))} | {pct(r.get('accuracy_top1'))} | "
+            f"{pct(r.get('accuracy_lineage'))} | "
             f"{f(r.get('completions_per_question'), '.1f')} | "
             f"{f(r.get('started_per_question'), '.1f')} | "
             f"{f(100 * r['budget_reached'] if r.get('budget_reached') is not None else None, '.0f')}% | "

@@ -2,7 +2,7 @@
 yields them (gambit-solve writes them as JSONL lines, gambit-serve returns them).
 
 A finished question's record holds the answer under its vote rule and under each rule
-(``weighted``, ``plain``, ``top1``) with their grades against the gold answer, the vote
+(``weighted``, ``plain``, ``top1``, ``lineage``) with their grades against the gold answer, the vote
 table, the policy's tree and stats, its prefix-cache counts and, with ``keep_texts``, the
 completed traces' texts; a question that never ran (empty, cancelled before admission) gets
 the short record of :func:`failed_result`::
@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from gambit_core.grading import is_equivalent
-from gambit_search.voting import vote, vote_table
+from gambit_search.voting import RULES, lineage_roots, vote, vote_table
 
 __all__ = ["failed_result", "question_result"]
 
@@ -39,7 +39,9 @@ def question_result(st: Any, rule: str, error: str | None = None) -> dict:
     p = st.policy
     votes = p.votes()
     gold = st.q.answer or None
-    answers = {r: vote(votes, r) for r in ("weighted", "plain", "top1")}
+    tree = p.tree()
+    roots = lineage_roots(tree)
+    answers = {r: vote(votes, r, roots) for r in RULES}
 
     def ok(a: str | None) -> bool | None:
         if gold is None:
@@ -47,7 +49,6 @@ def question_result(st: Any, rule: str, error: str | None = None) -> dict:
         return a is not None and is_equivalent(gold, a)
 
     stats = p.stats()
-    tree = p.tree()
     lineages = [n["inherited"] + n["generated"] for n in tree if n["state"] == "completed"]
     stats["max_lineage"] = max(lineages, default=0)
     if error is not None:
@@ -61,6 +62,7 @@ def question_result(st: Any, rule: str, error: str | None = None) -> dict:
         "answer_weighted": answers["weighted"], "correct_weighted": ok(answers["weighted"]),
         "answer_plain": answers["plain"], "correct_plain": ok(answers["plain"]),
         "answer_top1": answers["top1"], "correct_top1": ok(answers["top1"]),
+        "answer_lineage": answers["lineage"], "correct_lineage": ok(answers["lineage"]),
         "votes": vote_table(votes), "unique_tokens": stats["unique_tokens"],
         "wall_s": round(time.perf_counter() - st.t0, 3), "tree_stats": stats,
         "error": error, "prefix_cache": dict(st.cache), "tree": tree,

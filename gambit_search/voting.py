@@ -4,20 +4,27 @@
 * ``weighted``: each vote weighs the trace's final trace score (Gambit, STEP). A trace that
   was never scored weighs 0; when no vote weighs anything the plain vote decides.
 * ``top1``: the answer of the highest-scored completed trace.
+* ``lineage``: ``weighted`` with one vote per root lineage: each trace weighs its final score
+  divided by the completed traces (with an answer) that descend from the same root, so a
+  root's lineage weighs its traces' mean score however many copies the search forked of it.
+  For methods whose traces never fork (SC, BoN, STEP, DeepConf) it is ``weighted``.
 
     from gambit_search.voting import vote, vote_table
     vote([(0, "42", 0.9), (1, "41", 0.2), (2, "41", 0.3)], "weighted")   # "42"
+    vote([(0, "42", 0.6), (1, "42", 0.6), (2, "42", 0.6), (3, "41", 0.8)], "lineage",
+         roots={1: 0, 2: 0})   # "41": nodes 1, 2 are forks of 0 ("weighted": "42")
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 
 from gambit_core.vote_bins import VoteBins
 
-__all__ = ["RULES", "vote", "vote_table"]
+__all__ = ["RULES", "lineage_roots", "vote", "vote_table"]
 
-RULES = ("weighted", "plain", "top1")
+RULES = ("weighted", "plain", "top1", "lineage")
 
 Vote = tuple[int, str | None, float | None]
 """(node, answer or None, final trace score or None)."""
@@ -31,13 +38,37 @@ def _bins(votes: Sequence[Vote]) -> VoteBins:
     return bins
 
 
-def vote(votes: Sequence[Vote], rule: str) -> str | None:
-    """The answer ``rule`` picks (None when no completed trace has an answer)."""
+def lineage_roots(nodes: Iterable[Mapping]) -> dict[int, int]:
+    """Each forked node's root, from a tree's node records (``id``, ``parent``); a root maps
+    to itself or is left out."""
+    parent = {int(n["id"]): n["parent"] for n in nodes}
+    roots: dict[int, int] = {}
+    for i in parent:
+        path = [i]
+        while parent.get(path[-1]) is not None and path[-1] not in roots:
+            path.append(int(parent[path[-1]]))
+        top = roots.get(path[-1], path[-1])
+        for j in path:
+            roots[j] = top
+    return roots
+
+
+def vote(votes: Sequence[Vote], rule: str, roots: Mapping[int, int] | None = None
+         ) -> str | None:
+    """The answer ``rule`` picks (None when no completed trace has an answer); ``roots``:
+    each forked node's root (:func:`lineage_roots`; for ``lineage``, a node left out is a
+    root)."""
     if rule not in RULES:
         raise ValueError(f"unknown vote rule {rule!r}: choose one of {', '.join(RULES)}")
     answered = [v for v in votes if v[1] is not None and v[1].strip()]
     if not answered:
         return None
+    if rule == "lineage":
+        root = (roots or {}).get
+        size = Counter(root(v[0], v[0]) for v in answered)
+        answered = [(i, a, None if s is None else s / size[root(i, i)])
+                    for i, a, s in answered]
+        rule = "weighted"
     if rule == "top1":
         scored = [v for v in answered if v[2] is not None]
         if not scored:

@@ -46,11 +46,12 @@ def test_table_pools_seeds_and_draws_figures(tmp_path, fake_scorer):
         # every vote rule from the rows; the headline is the best one, named
         res_rows = [json.loads(line) for x in runs
                     for line in Path(x["dir"], "results.jsonl").read_text().splitlines()]
-        for rule in ("weighted", "plain", "top1"):
+        for rule in ("weighted", "plain", "top1", "lineage"):
             want = sum(bool(q[f"correct_{rule}"]) for q in res_rows) / len(res_rows)
             assert r[f"accuracy_{rule}"] == pytest.approx(want)
         assert r["accuracy"] == r[f"accuracy_{r['best_rule']}"] == max(
-            r["accuracy_weighted"], r["accuracy_plain"], r["accuracy_top1"])
+            r["accuracy_weighted"], r["accuracy_plain"], r["accuracy_top1"],
+            r["accuracy_lineage"])
         started = sum(q["tree_stats"]["started"] for q in res_rows)
         assert r["started_per_question"] == pytest.approx(started / len(res_rows))
         assert r["started_per_question"] >= r["completions_per_question"]

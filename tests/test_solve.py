@@ -59,7 +59,7 @@ def test_rescore_revotes_without_a_model(tmp_path, fake_scorer):
     solve(_cfg(tmp_path, fake_scorer), progress=False)
     rows = [json.loads(x) for x in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
     for rule, key in (("plain", "answer_plain"), ("weighted", "answer_weighted"),
-                      ("top1", "answer_top1")):
+                      ("top1", "answer_top1"), ("lineage", "answer_lineage")):
         r = rescore(str(tmp_path / "run"), rule)
         assert r["questions"] == 6
         want = sum(x[key] != x["answer"] for x in rows)

@@ -86,7 +86,8 @@ class Method:
     uses_memory: bool = False
     """Send :class:`~gambit_search.policy.MemoryPressure` events."""
     vote: str = "plain"
-    """Default vote rule: "weighted" (final trace scores), "plain" or "top1"."""
+    """Default vote rule: "weighted" (final trace scores), "plain", "top1" or "lineage"
+    (:mod:`gambit_search.voting`)."""
     logprobs: int | None = None
     """``SamplingSpec.logprobs`` its traces need (None: none)."""
     check: Callable[[Any, int], None] | None = None

@@ -28,7 +28,7 @@ class GambitOptions(BaseModel):
     n: int | None = None
     """Budget: completed traces that vote (default: the server's ``--n``)."""
     rule: str | None = None
-    """Vote rule of the answer: weighted, plain or top1 (default: the method's)."""
+    """Vote rule of the answer: weighted, plain, top1 or lineage (default: the method's)."""
 
     def params(self) -> dict[str, Any]:
         """The method parameters given (the extra keys)."""

@@ -69,13 +69,14 @@ def _print_summary(runs: list[dict]) -> None:
 
     cfg = runs[0]["config"]
     t = Table(title=f"{PROG} on {cfg['dataset']} (n={cfg['n']})")
-    for col in ("method", "qs", "acc", "weighted", "plain", "top-1", "votes/started",
+    for col in ("method", "qs", "acc", "weighted", "plain", "top-1", "lineage", "votes/started",
                 "tok/q", "wall s", "done/s"):
         t.add_column(col, justify="right" if col != "method" else "left")
     for s in runs:
         cps = s.get("completions_per_s")
         t.add_row(s["config"]["method"], str(s["questions"]), pct(s["accuracy"]),
                   pct(s["accuracy_weighted"]), pct(s["accuracy_plain"]), pct(s["accuracy_top1"]),
+                  pct(s.get("accuracy_lineage")),
                   f"{s['completions_per_question']:.1f}/{s['started_per_question']:.1f}",
                   f"{s['unique_tokens_per_question']:.0f}", f"{s['wall_s']:.1f}",
                   "-" if cps is None else f"{cps:.1f}")

@@ -94,6 +94,7 @@ def summarize(rows: list[dict], cfg: dict, extra: dict | None = None) -> dict:
         "questions": n, "graded": len(graded), "failed": sum(1 for r in rows if r.get("error")),
         "accuracy": acc("correct"), "accuracy_weighted": acc("correct_weighted"),
         "accuracy_plain": acc("correct_plain"), "accuracy_top1": acc("correct_top1"),
+        "accuracy_lineage": acc("correct_lineage"),
         "unique_tokens": tokens, "unique_tokens_per_question": tokens / n if n else 0,
         "completions": comps, "completions_per_question": comps / n if n else 0,
         "started_per_question": started / n if n else 0,

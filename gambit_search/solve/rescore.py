@@ -11,7 +11,7 @@ from pathlib import Path
 from gambit_core.errors import InputError
 from gambit_core.grading import is_equivalent
 from gambit_search.solve.outputs import read_results, safe_name
-from gambit_search.voting import RULES, vote
+from gambit_search.voting import RULES, lineage_roots, vote
 
 
 def tree_votes(nodes: list[dict]) -> list[tuple[int, str | None, float | None]]:
@@ -38,7 +38,8 @@ def rescore(run_dir: str, rule: str) -> dict:
         path = out / "trees" / f"{safe_name(r['id'])}.json"
         if not path.exists():
             raise InputError(f"{path} is missing: cannot rescore {r['id']!r}")
-        a = vote(tree_votes(json.loads(path.read_text())["nodes"]), rule)
+        nodes = json.loads(path.read_text())["nodes"]
+        a = vote(tree_votes(nodes), rule, lineage_roots(nodes))
         changed += a != r.get("answer")
         if r.get("gold"):
             graded += 1
