@@ -43,7 +43,7 @@ from gambit_search.policy import (
     Spawn,
 )
 from gambit_search.solve import SolveConfig, SolveInputError, make_config, solve
-from gambit_search.voting import vote
+from gambit_search.voting import RULES, vote
 from tests.doubles import RandomScorer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def test_every_method_is_registered_and_the_driver_honours_its_record(fake_score
     assert set(BASELINES) | {"gambit", "sc"} == set(method_names())
     for name in method_names():
         m = get_method(name)
-        assert m.name == name and m.vote in ("weighted", "plain", "top1")
+        assert m.name == name and m.vote in RULES
         assert not m.scores_traces or m.needs_scorer
         eng = FakeEngine(FakeEngineConfig(seed=0))
         spec = SamplingSpec(max_tokens=20, logprobs=m.logprobs)

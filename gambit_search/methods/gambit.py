@@ -6,7 +6,9 @@
 active at once (at most N). By default C and K scale with N (:func:`capacity_swap`: C =
 min(64, N/2), K = max(1, C/16); chosen on toy val, docs/SEARCH.md); the paper runs C = N =
 256, K = 16. A question prunes at most N traces (``--prune-budget 1``, chosen on toy val;
-``inf``: no cap, the paper's), then its survivors finish. Answers by the score-weighted vote.
+``inf``: no cap, the paper's), then its survivors finish. Answers by the lineage vote (the
+score-weighted vote with one vote per root lineage, :mod:`gambit_search.voting`; chosen on toy
+val, docs/SEARCH.md "A lineage vote"; ``--rule weighted`` is the paper's).
 """
 
 from __future__ import annotations
@@ -154,6 +156,6 @@ METHOD = Method(
     needs_scorer=True,
     scores_traces=True,
     uses_memory=True,
-    vote="weighted",
+    vote="lineage",
     check=_check,
 )
