@@ -59,7 +59,9 @@ class GambitParams:
     lineage_share: float = 0.0
     """Diversity cap per root lineage: a fork may not take one root's descendants above this
     share of C active traces (ceil(share x C), at least 1); the next-best parent of another
-    lineage forks instead, or a fresh root (0: no cap) [paper 0]."""
+    lineage forks instead, or a fresh root (0: no cap; on toy val 1/8 gave +2 points at N = 128
+    and cost 5-13 points at N <= 64; the lineage vote, the default rule, got the N = 128 gain
+    without it) [paper 0]."""
     prune_budget: float = 1.0
     """Exploration cap: at most this times N traces pruned per question (so at most (1 + it)
     x N started); then no more prunes, and the survivors finish and vote (inf: no cap; on

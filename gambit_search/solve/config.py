@@ -167,7 +167,9 @@ class SolveConfig(SamplingConfig, EngineSettings):
     out: str | None = field(default=None, metadata=RUN_ONLY)
     """Output directory (needed with --dataset; optional for one question)."""
     rule: str | None = field(default=None, metadata=RUN_ONLY)
-    """Vote rule of the reported answer: weighted, plain, top1 or lineage (default: the method's)."""
+    """Vote rule of the reported answer: weighted, plain, top1 or lineage (weighted, one vote
+    per root lineage: Gambit's default, +2 points from N = 64 on toy val) (default: the
+    method's)."""
     rescore: str | None = field(default=None, metadata=RUN_ONLY)
     """Re-vote a finished run directory with --rule (no model is loaded)."""
     params: Any = field(default=None, metadata=RUN_ONLY)
