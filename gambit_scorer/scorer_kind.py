@@ -1,5 +1,8 @@
 """The scorer-kind interface: :class:`ScorerKind`, and what every kind shares.
 
+A kind is three interfaces in one: its network and checkpoints (:class:`KindNetwork`), its
+training (:class:`KindTraining`) and its run time (:class:`KindRuntime`).
+
 A kind (:mod:`gambit_scorer.kind_seq`, :mod:`gambit_scorer.kind_mlp`) subclasses
 :class:`ScorerKind`; :mod:`gambit_scorer.kinds` registers the kinds and says what a kind is
 for. Callers get a kind by name there (``get_kind("seq")``) and import this module only to
@@ -19,7 +22,8 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import Tensor, nn
 
-__all__ = ["LOSS_POSITIONS", "ArchitectureError", "ScorerKind", "int_or_none"]
+__all__ = ["LOSS_POSITIONS", "ArchitectureError", "KindNetwork", "KindRuntime", "KindTraining",
+           "ScorerKind", "int_or_none"]
 
 LOSS_POSITIONS = ("last", "every")
 """Where a sequence scorer's loss is taken (``scorer.loss_position``)."""
@@ -42,22 +46,12 @@ def int_or_none(x: Any) -> int | None:
 # ----------------------------------------------------------------------------- the interface
 
 
-class ScorerKind(ABC):
-    """One kind of scorer (see :mod:`gambit_scorer.kinds`). Subclasses set ``name`` and
-    ``model_class`` and implement the abstract methods."""
+class KindNetwork(ABC):
+    """A kind's network and checkpoints: what :mod:`gambit_scorer.checkpoint` needs to build
+    a scorer and to read one back."""
 
-    name: ClassVar[str]
-    """Registry key: Hydra's ``scorer.name``, the checkpoint's ``gambit.arch``."""
-    title: ClassVar[str]
-    """What messages call it ("MLP", "sequence")."""
     model_class: ClassVar[type[nn.Module]]
-    loss_positions: ClassVar[tuple[str, ...]] = ()
-    """Accepted ``scorer.loss_position`` values; empty: the kind has no such choice."""
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-    # -- network
     @abstractmethod
     def build(self, input_size: int, **model_cfg) -> nn.Module:
         """A fresh network taking ``input_size`` features per step (``scorer.model`` keys)."""
@@ -71,7 +65,15 @@ class ScorerKind(ABC):
         """An untrained network whose parameters have the shapes in ``state_dict``, checked
         against ``model_config``; :class:`ArchitectureError` when they do not fit."""
 
-    # -- training
+
+class KindTraining(ABC):
+    """A kind's training: its samples, batches, loss and validation records (what
+    :mod:`gambit_scorer.data`, :mod:`gambit_scorer.lit` and :mod:`gambit_scorer.metrics`
+    call)."""
+
+    loss_positions: ClassVar[tuple[str, ...]] = ()
+    """Accepted ``scorer.loss_position`` values; empty: the kind has no such choice."""
+
     def resolve_loss_position(self, value: str | None) -> str | None:
         """The run's ``loss_position`` from ``scorer.loss_position`` (None for a kind without one)."""
         if not self.loss_positions:
@@ -108,7 +110,14 @@ class ScorerKind(ABC):
     def trace_scores_so_far(self, trace: np.ndarray, prob: np.ndarray) -> np.ndarray:
         """Per validation record (sorted by trace, then step), the trace score after it."""
 
-    # -- scoring (eval mode; callers hold torch.inference_mode)
+
+class KindRuntime(ABC):
+    """A kind at run time: scoring traces and the per-trace state a search keeps (eval mode;
+    callers hold ``torch.inference_mode``)."""
+
+    title: ClassVar[str]
+    """What messages call it ("MLP", "sequence")."""
+
     def score_steps(self, model: nn.Module, x: Tensor) -> np.ndarray:
         """Per-step probabilities of independent steps (only kinds that score steps alone)."""
         raise TypeError(
@@ -150,3 +159,16 @@ class ScorerKind(ABC):
     def step(self, model: nn.Module, states: Sequence[Any], x: Tensor) -> tuple[list, np.ndarray]:
         """One new step x[i] [B, F] for each trace state, in one forward -> (new states,
         trace scores [B] float64)."""
+
+
+class ScorerKind(KindNetwork, KindTraining, KindRuntime):
+    """One kind of scorer (see :mod:`gambit_scorer.kinds`): its network and checkpoints
+    (:class:`KindNetwork`), its training (:class:`KindTraining`) and its run time
+    (:class:`KindRuntime`). Subclasses set ``name``, ``title`` and ``model_class`` and
+    implement the abstract methods of all three."""
+
+    name: ClassVar[str]
+    """Registry key: Hydra's ``scorer.name``, the checkpoint's ``gambit.arch``."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
