@@ -109,35 +109,30 @@ def tournament_config(params: GambitParams, n: int, max_tokens: int | None = Non
     """The :class:`TournamentConfig` of Gambit's parameters and budget ``n`` (raises
     TournamentConfigError, a ValueError, with one line)."""
     c, k = capacity_swap(params, n)
-    try:  # serve's JSON has no inf: "inf" is accepted as a string
-        x = float(params.prune_budget)
-    except (TypeError, ValueError):
-        x = math.nan
-    if not x >= 0:  # NaN too
-        raise TournamentConfigError(
-            f"prune_budget must be a number >= 0 (inf: no cap), got {params.prune_budget!r}")
+    x = _number("prune_budget", params.prune_budget, math.inf, "a number >= 0 (inf: no cap)")
+    share = _number("lineage_share", params.lineage_share, 1.0, "a number in [0, 1] (0: no cap)")
     return TournamentConfig(
         capacity=c, swap=k, interval=params.interval,
         warmup=params.warmup, floor=params.floor, child_temperature=params.child_temperature,
         budget=n, ghosts=params.ghosts, revive=params.revive, branch_point=params.branch_point,
         parents=params.parents, drain=params.drain, interval_unit=params.interval_unit,
         max_children=params.max_children,
-        max_lineage=_lineage_cap(params.lineage_share, c),
+        max_lineage=max(1, math.ceil(share * c - 1e-9)) if share > 0 else 0,
         max_prunes=None if math.isinf(x) else math.ceil(x * n - 1e-9),
         max_unique_tokens=4 * n * max_tokens if max_tokens else None,
     )
 
 
-def _lineage_cap(share: float, c: int) -> int:
-    """``lineage_share`` as TournamentConfig's ``max_lineage``: ceil(share x C), 0 for off."""
+def _number(name: str, value, top: float, what: str) -> float:
+    """``value`` as a float in [0, top] (serve's JSON has no inf: "inf" is accepted as a
+    string), else TournamentConfigError naming ``name`` and ``what`` it must be."""
     try:
-        x = float(share)
+        x = float(value)
     except (TypeError, ValueError):
         x = math.nan
-    if not 0 <= x <= 1:
-        raise TournamentConfigError(
-            f"lineage_share must be a number in [0, 1] (0: no cap), got {share!r}")
-    return max(1, math.ceil(x * c - 1e-9)) if x > 0 else 0
+    if not 0 <= x <= top:  # NaN too
+        raise TournamentConfigError(f"{name} must be {what}, got {value!r}")
+    return x
 
 
 def _make(params: GambitParams, n: int, ctx=None) -> Tournament:
