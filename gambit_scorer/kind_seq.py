@@ -1,6 +1,10 @@
 """The sequence scorer's kind: :class:`SeqKind` (the history-aware SeqScorer) and its
 run-time state per trace, :class:`SeqHistory` (an attention cache).
 
+The kind is its three parts, one per interface of :mod:`gambit_scorer.scorer_kind`:
+:class:`SeqNetwork` (the network and checkpoints), :class:`SeqTraining` (samples, loss,
+validation) and :class:`SeqRuntime` (scoring and the per-trace cache).
+
 Registered in :mod:`gambit_scorer.kinds` as ``"seq"``; callers get it there
 (``get_kind("seq")``), not from here, except to name :class:`SeqHistory`::
 
@@ -15,17 +19,31 @@ Only torch and numpy here; the data methods import ``gambit_scorer.samples`` whe
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.data import Dataset
 
 from gambit_scorer.models import KVCache, SeqScorer
-from gambit_scorer.scorer_kind import LOSS_POSITIONS, ArchitectureError, ScorerKind, int_or_none
+from gambit_scorer.scorer_kind import (
+    LOSS_POSITIONS,
+    ArchitectureError,
+    KindNetwork,
+    KindRuntime,
+    KindTraining,
+    ScorerKind,
+    int_or_none,
+)
 
-__all__ = ["SeqHistory", "SeqKind"]
+if TYPE_CHECKING:
+    from gambit_scorer.seq_pool import SeqPool
+
+__all__ = ["SeqHistory", "SeqKind", "SeqNetwork", "SeqRuntime", "SeqTraining"]
 
 
 @dataclass(frozen=True)
@@ -44,24 +62,21 @@ def _trim(cache: Sequence[KVCache], max_len: int) -> Sequence[KVCache]:
     return cache
 
 
-class SeqKind(ScorerKind):
-    """The history-aware SeqScorer: loss on traces; trace score = the latest position's output,
-    from a per-trace attention cache at run time."""
+class SeqNetwork(KindNetwork):
+    """The SeqScorer network: built from ``scorer.model``, told from a reference checkpoint by
+    its ``input_proj.*`` weights, rebuilt from the weights' shapes and ``model_config``."""
 
-    name = "seq"
-    title = "sequence"
     model_class = SeqScorer
-    loss_positions = LOSS_POSITIONS
 
     def build(self, input_size: int, **model_cfg) -> SeqScorer:
         return SeqScorer(input_size, **model_cfg)
 
-    def recognises(self, state_dict, model_config) -> bool:
+    def recognises(self, state_dict: dict[str, Tensor], model_config: dict) -> bool:
         return model_config.get("type") == "sequence_transformer" or any(
             k.startswith("input_proj.") for k in state_dict
         )
 
-    def from_state_dict(self, state_dict, model_config) -> SeqScorer:
+    def from_state_dict(self, state_dict: dict[str, Tensor], model_config: dict) -> SeqScorer:
         sd, mc = state_dict, model_config
         try:
             w_in = sd["input_proj.1.weight"]
@@ -111,21 +126,31 @@ class SeqKind(ScorerKind):
                 f"cannot build the sequence scorer its model_config describes: {e}"
             ) from e
 
-    # -- training: one sample per trace with a boundary
-    def units(self, n_steps):
+
+class SeqTraining(KindTraining):
+    """Training on traces: one sample per trace with a boundary (a padded trace), the loss at
+    its last position or every position (``scorer.loss_position``), or at every labelled
+    position with process labels; the trace score after a step is that position's output."""
+
+    loss_positions = LOSS_POSITIONS
+
+    def units(self, n_steps: int | np.ndarray) -> int | np.ndarray:
         return np.minimum(n_steps, 1)
 
-    def dataset(self, index, states, traces, featurize, max_len):
+    def dataset(self, index: Any, states: Any, traces: np.ndarray, featurize: Any,
+                max_len: int) -> Dataset:
         from gambit_scorer.samples import TraceDataset
 
         return TraceDataset(index, states, traces, featurize, max_len)
 
-    def stream_batches(self, ds, chunks, rng, tail):
+    def stream_batches(self, ds: Any, chunks: Iterable[list], rng: np.random.Generator,
+                       tail: bool) -> Iterator[dict]:
         from gambit_scorer.samples import stream_trace_batches
 
         return stream_trace_batches(ds, chunks, rng, tail)
 
-    def loss(self, logits, batch, pos_weight, loss_position):
+    def loss(self, logits: Tensor, batch: dict, pos_weight: Tensor,
+             loss_position: str | None) -> Tensor:
         if "y_step" in batch:  # process labels: every labelled position, per-trace mean
             m = batch["y_step_mask"].to(logits.dtype)
             per = F.binary_cross_entropy_with_logits(
@@ -144,7 +169,7 @@ class SeqKind(ScorerKind):
         )
         return ((per * mask).sum(1) / mask.sum(1)).mean()
 
-    def val_records(self, batch, prob):
+    def val_records(self, batch: dict, prob: Tensor) -> tuple[Tensor, ...]:
         m = batch["mask"]
         n = m.sum(1)
         return (
@@ -155,22 +180,28 @@ class SeqKind(ScorerKind):
             batch["y"].repeat_interleave(n),
         )
 
-    def trace_scores_so_far(self, trace, prob):
+    def trace_scores_so_far(self, trace: np.ndarray, prob: np.ndarray) -> np.ndarray:
         return np.asarray(prob, dtype=np.float64)
 
-    # -- scoring
-    def score_trace(self, model, x):
+
+class SeqRuntime(KindRuntime):
+    """Scoring with history: a trace's state is its attention cache (:class:`SeqHistory`, a
+    sliding window of ``model.max_len`` steps), kept per trace or in a :class:`SeqPool`."""
+
+    title = "sequence"
+
+    def score_trace(self, model: SeqScorer, x: Tensor) -> np.ndarray:
         return torch.sigmoid(model(x.unsqueeze(0))[0]).float().cpu().numpy()
 
     def new_state(self) -> SeqHistory:
         return SeqHistory()
 
-    def pool(self, model):
+    def pool(self, model: SeqScorer) -> SeqPool:
         from gambit_scorer.seq_pool import SeqPool
 
         return SeqPool(model)
 
-    def prefix(self, state, k, score):
+    def prefix(self, state: SeqHistory, k: int, score: float | None) -> SeqHistory | None:
         # causal attention: the cache of the first k steps is the first k cache entries,
         # exact while the sliding window has not cut anything
         if state.cache is None or k == 0:
@@ -179,7 +210,7 @@ class SeqKind(ScorerKind):
             return None  # the window dropped early steps: not recoverable
         return SeqHistory(k, tuple((kk[:, :, :k], v[:, :, :k]) for kk, v in state.cache), score)
 
-    def append(self, model, state, x):
+    def append(self, model: SeqScorer, state: SeqHistory, x: Tensor) -> tuple[SeqHistory, float]:
         if not isinstance(state, SeqHistory):
             raise TypeError("this is a sequence scorer: pass a history from its init_history()")
         logits, cache = model.forward_with_cache(
@@ -191,7 +222,8 @@ class SeqKind(ScorerKind):
         score = float(torch.sigmoid(logits[0, -1]))
         return SeqHistory(state.n_steps + x.shape[0], tuple(cache), score), score
 
-    def step(self, model, states, x):
+    def step(self, model: SeqScorer, states: Sequence[SeqHistory], x: Tensor
+             ) -> tuple[list[SeqHistory], np.ndarray]:
         logits, caches = model.step_batch(x, [h.cache for h in states], [h.n_steps for h in states])
         probs = torch.sigmoid(logits).float().cpu().numpy()
         new = [
@@ -199,3 +231,10 @@ class SeqKind(ScorerKind):
             for h, c, p in zip(states, caches, probs, strict=True)
         ]
         return new, probs.astype(np.float64)
+
+
+class SeqKind(SeqNetwork, SeqTraining, SeqRuntime, ScorerKind):
+    """The history-aware SeqScorer: loss on traces; trace score = the latest position's output,
+    from a per-trace attention cache at run time. Its parts, nothing more."""
+
+    name = "seq"

@@ -25,8 +25,10 @@ Kind names are the Hydra ``scorer=`` choices and the checkpoint's ``gambit.arch`
     states, scores = kind.step(model, [st, child], x)   # x [2, input_size] -> trace scores [2]
 
 This module is the registry; the interface is :mod:`gambit_scorer.scorer_kind`, the kinds
-:mod:`gambit_scorer.kind_seq` and :mod:`gambit_scorer.kind_mlp`. Adding a kind: subclass
-:class:`~gambit_scorer.scorer_kind.ScorerKind` in a module of its own, :func:`register` it
+:mod:`gambit_scorer.kind_seq` and :mod:`gambit_scorer.kind_mlp`. Adding a kind: in a module
+of its own, write its three parts (subclasses of ``KindNetwork``, ``KindTraining`` and
+``KindRuntime``) and combine them with :class:`~gambit_scorer.scorer_kind.ScorerKind`
+(``class LSTMKind(LSTMNetwork, LSTMTraining, LSTMRuntime, ScorerKind)``), :func:`register` it
 below, add ``conf/scorer/<name>.yaml`` (``name: <name>``, ``model: {...}`` for
 :meth:`build`).
 

@@ -3,10 +3,13 @@
 A kind is three interfaces in one: its network and checkpoints (:class:`KindNetwork`), its
 training (:class:`KindTraining`) and its run time (:class:`KindRuntime`).
 
-A kind (:mod:`gambit_scorer.kind_seq`, :mod:`gambit_scorer.kind_mlp`) subclasses
-:class:`ScorerKind`; :mod:`gambit_scorer.kinds` registers the kinds and says what a kind is
-for. Callers get a kind by name there (``get_kind("seq")``) and import this module only to
-write a kind or to name the types::
+A kind (:mod:`gambit_scorer.kind_seq`, :mod:`gambit_scorer.kind_mlp`) writes one part per
+interface (``SeqNetwork(KindNetwork)``, ``SeqTraining(KindTraining)``,
+``SeqRuntime(KindRuntime)``) and combines them with :class:`ScorerKind`
+(``class SeqKind(SeqNetwork, SeqTraining, SeqRuntime, ScorerKind)``);
+:mod:`gambit_scorer.kinds` registers the kinds and says what a kind is for. Callers get a
+kind by name there (``get_kind("seq")``) and import this module only to write a kind or to
+name the types::
 
     from gambit_scorer.scorer_kind import ArchitectureError, ScorerKind
 
@@ -164,8 +167,9 @@ class KindRuntime(ABC):
 class ScorerKind(KindNetwork, KindTraining, KindRuntime):
     """One kind of scorer (see :mod:`gambit_scorer.kinds`): its network and checkpoints
     (:class:`KindNetwork`), its training (:class:`KindTraining`) and its run time
-    (:class:`KindRuntime`). Subclasses set ``name``, ``title`` and ``model_class`` and
-    implement the abstract methods of all three."""
+    (:class:`KindRuntime`). A kind subclasses one part per interface, each complete on its
+    own (``model_class`` in the network part, ``title`` in the run-time part), then this
+    class, and sets ``name``."""
 
     name: ClassVar[str]
     """Registry key: Hydra's ``scorer.name``, the checkpoint's ``gambit.arch``."""

@@ -3,6 +3,7 @@ pinned (recorded before the kinds became classes; every scoring path must reprod
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -10,11 +11,12 @@ import pytest
 import torch
 
 from gambit_scorer.checkpoint import load_scorer
-from gambit_scorer.kind_mlp import MLPKind
-from gambit_scorer.kind_seq import SeqKind
+from gambit_scorer.kind_mlp import MLPKind, MLPNetwork, MLPRuntime, MLPTraining
+from gambit_scorer.kind_seq import SeqKind, SeqNetwork, SeqRuntime, SeqTraining
 from gambit_scorer.kinds import build_model, detect_kind, get_kind, kind_names, kind_of_model
 from gambit_scorer.metrics import trace_scores_so_far
 from gambit_scorer.models import SeqScorer, StepMLP
+from gambit_scorer.scorer_kind import KindNetwork, KindRuntime, KindTraining, ScorerKind
 from gambit_search.scoring import RuntimeScorer
 
 torch.set_num_threads(1)
@@ -65,6 +67,32 @@ def test_registry():
     assert isinstance(build_model("mlp", 4, hidden_sizes=[3]), StepMLP)
     with pytest.raises(ValueError, match="known kinds are mlp, seq"):
         build_model("lstm", 4)
+
+
+PARTS = {"seq": (SeqNetwork, SeqTraining, SeqRuntime), "mlp": (MLPNetwork, MLPTraining, MLPRuntime)}
+
+
+@pytest.mark.parametrize("name", ["mlp", "seq"])
+def test_a_kind_is_its_three_parts(name):
+    """The registered kind is one part per interface plus ScorerKind, nothing of its own but
+    ``name``; each part stands alone (instantiable: it implements every abstract method of its
+    interface) and defines only its interface's names, so a method written in the wrong part
+    fails here; an interface missing any of its abstract methods cannot be instantiated."""
+    kind = type(get_kind(name))
+    parts = PARTS[name]
+    assert kind.__bases__ == (*parts, ScorerKind)
+    assert {k for k in vars(kind) if not k.startswith("_")} == {"name"}
+    for part, iface in zip(parts, (KindNetwork, KindTraining, KindRuntime), strict=True):
+        assert part.__bases__ == (iface,)
+        part()  # complete alone
+        mine = {k for k in vars(part) if not k.startswith("_")}
+        declared = set(dir(iface)) | set(inspect.get_annotations(iface))
+        assert mine <= declared, (part, mine - declared)
+        assert iface.__abstractmethods__
+        for missing in iface.__abstractmethods__:
+            half = type("Half", (iface,), {k: v for k, v in vars(part).items() if k != missing})
+            with pytest.raises(TypeError, match=missing):
+                half()
 
 
 def test_detect_kind_and_rebuild():
