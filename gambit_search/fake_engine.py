@@ -149,7 +149,7 @@ class FakeEngine(TableEngine[_FTrace]):
     """Scripted :class:`Engine`; see the module docstring."""
 
     def __init__(self, config: FakeEngineConfig | None = None) -> None:
-        self.config = cfg = config or FakeEngineConfig()
+        self.config = self._facts = cfg = config or FakeEngineConfig()
         if cfg.capture_hidden and not cfg.boundary_ids and cfg.stride is None:
             raise EngineError("capture_hidden needs boundary_ids or stride")
         if cfg.stride is not None and cfg.stride < 1:
@@ -171,18 +171,6 @@ class FakeEngine(TableEngine[_FTrace]):
         self.steps = 0
 
     # -- facts --------------------------------------------------------------------------------
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    @property
-    def block_size(self) -> int:
-        return self.config.block_size
-
-    @property
-    def max_model_len(self) -> int:
-        return self.config.max_model_len
-
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``: boundary "\\n\\n", ``</think>``, EOS "", others "t<id> "."""
         parts = []
@@ -205,19 +193,14 @@ class FakeEngine(TableEngine[_FTrace]):
         seq = t.prompt + t.output
         t.status = TraceStatus.RUNNING
         t.num_cached_tokens = None
-        if len(seq) >= self.config.max_model_len:
-            self._fail(t, "error", f"prompt of {len(seq)} tokens does not fit the context of "
-                       f"{self.config.max_model_len}")
+        budget = self._budget(t, len(seq), max_tokens)
+        if budget is None:
             return
         if any(not 0 <= i < self.config.vocab_size for i in seq):
             self._fail(t, "error", f"token id out of range 0..{self.config.vocab_size - 1}")
             return
-        if max_tokens < 1:
-            self._fail(t, "length", None)
-            return
         self._arrivals += 1
-        req = _Req(t, list(seq), len(seq), t.seed,
-                   min(max_tokens, self.config.max_model_len - len(seq)), self._arrivals)
+        req = _Req(t, list(seq), len(seq), t.seed, budget, self._arrivals)
         t.req = req
         self._enqueue(req)
 

@@ -9,16 +9,19 @@ answers the :class:`~gambit_search.engine.Engine` methods that only read or chec
 ``fork`` / ``evict`` / ``revive`` and where a fork branches), with the same errors in both
 engines. :class:`TableEngine` is the engines' one lifecycle over the table: ``add_trace``,
 ``fork``, ``abort``, ``evict``, ``revive``, ``release`` and the reading methods, written once,
-with hooks for what differs (:meth:`~TableEngine._submit` a trace's request,
-:meth:`~TableEngine._drop_request` it, make a record, derive a revive's seed). Used by
+with the model's facts and the context rule (a request's token budget, or the error of a
+prompt that fills the context), and with hooks for what differs
+(:meth:`~TableEngine._submit` a trace's request, :meth:`~TableEngine._drop_request` it, make
+a record, derive a revive's seed). Used by
 :class:`~gambit_search.fake_engine.FakeEngine` and :class:`~gambit_search.vllm_engine.VLLMEngine`::
 
     class MyEngine(TableEngine):
         def __init__(self):
+            self._facts = ...                # has hidden_size, block_size, max_model_len
             self._traces: TraceTable[MyTrace] = TraceTable()
             self._errors: list[Delta] = []
         def _new_trace(self, prompt, spec, seed, parent): ...   # a MyTrace in the table
-        def _submit(self, t, max_tokens): ...                  # start its request
+        def _submit(self, t, max_tokens): ...                  # self._budget(...), start it
         def _drop_request(self, t): ...                        # end it (evict, abort)
 """
 
@@ -175,12 +178,15 @@ class TableEngine(Engine, Generic[T]):
     """An :class:`~gambit_search.engine.Engine` whose traces live in a :class:`TraceTable`:
     the trace lifecycle both engines share (see the module docstring).
 
-    A subclass sets ``config`` (its settings, with ``capture_hidden``), ``_traces`` (its
+    A subclass sets ``config`` (its settings, with ``capture_hidden``), ``_facts`` (what
+    knows the model's ``hidden_size``, ``block_size`` and ``max_model_len``), ``_traces`` (its
     table) and ``_errors`` (finishing deltas of traces that failed outside a step, delivered
     by its next step), and implements the hooks :meth:`_new_trace`, :meth:`_submit`,
-    :meth:`_drop_request` and :meth:`_revive_seed`."""
+    :meth:`_drop_request` and :meth:`_revive_seed`; its :meth:`_submit` takes its request's
+    token budget from :meth:`_budget`."""
 
     config: Any
+    _facts: Any
     _traces: TraceTable[T]
     _errors: list[Delta]
 
@@ -214,6 +220,32 @@ class TableEngine(Engine, Generic[T]):
 
     def _after_abort(self, t: T) -> None:  # noqa: B027 - optional hook
         """Called once ``t`` is marked aborted."""
+
+    # -- the model: its facts and its context ---------------------------------------------
+    @property
+    def hidden_size(self) -> int:
+        return self._facts.hidden_size
+
+    @property
+    def block_size(self) -> int:
+        return self._facts.block_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self._facts.max_model_len
+
+    def _budget(self, t: T, n_tokens: int, max_tokens: int) -> int | None:
+        """The output tokens a request of ``t`` over ``n_tokens`` tokens may take, with
+        ``max_tokens`` left: that, cut to the context; None when it cannot start, and ``t``
+        failed ("error" when the tokens fill the context, "length" when no budget is left)."""
+        if n_tokens >= self.max_model_len:
+            self._fail(t, "error", f"prompt of {n_tokens} tokens does not fit the context of "
+                       f"{self.max_model_len}")
+            return None
+        if max_tokens < 1:
+            self._fail(t, "length", None)
+            return None
+        return min(max_tokens, self.max_model_len - n_tokens)
 
     def _fail(self, t: T, reason: str, msg: str | None) -> None:
         """End ``t`` outside a step: finished with ``reason`` ("error" with ``msg``, or

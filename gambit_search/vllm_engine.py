@@ -164,21 +164,14 @@ class VLLMEngine(TableEngine[VTrace]):
 
     # -- facts ---------------------------------------------------------------------------------
     @property
+    def _facts(self) -> VLLMRuntime:
+        """The started engine's (block size, context, hidden size: :class:`TableEngine`'s)."""
+        return self._rt
+
+    @property
     def llm(self) -> Any:
         """The underlying ``vllm.LLM`` (for plain ``generate`` baselines; None once closed)."""
         return self._rt.llm
-
-    @property
-    def hidden_size(self) -> int:
-        return self._rt.hidden_size
-
-    @property
-    def block_size(self) -> int:
-        return self._rt.block_size
-
-    @property
-    def max_model_len(self) -> int:
-        return self._rt.max_model_len
 
     @property
     def scorer_checkpoint(self) -> str | None:
@@ -238,20 +231,15 @@ class VLLMEngine(TableEngine[VTrace]):
         t.first_output_pending = True
         t.num_cached_tokens = None
         t.status = TraceStatus.RUNNING
+        budget = self._budget(t, len(ids), max_tokens)
+        if budget is None:
+            return
         try:
-            if len(ids) >= self._rt.max_model_len:
-                raise EngineError(f"prompt of {len(ids)} tokens does not fit the context of "
-                                  f"{self._rt.max_model_len}")
-            if max_tokens < 1:
-                raise EngineError("no token budget left")
-            max_tokens = max(1, min(max_tokens, self._rt.max_model_len - len(ids)))
-            params = request_params(t.spec, t.seed, max_tokens, self.stream_interval,
+            params = request_params(t.spec, t.seed, budget, self.stream_interval,
                                     self.config.detokenize)
             self._rt.engine.add_request(req, TokensPrompt(prompt_token_ids=ids), params)
         except Exception as e:  # noqa: BLE001 - the trace fails, the engine goes on
-            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-            reason = "length" if isinstance(e, EngineError) and "budget" in msg else "error"
-            self._fail(t, reason, None if reason == "length" else msg)
+            self._fail(t, "error", str(e).splitlines()[0] if str(e) else type(e).__name__)
             return
         self._by_req[req] = t
         self._live.add(req)
