@@ -677,6 +677,28 @@ def test_gambit_capacity_and_swap_scale_with_the_budget(n, want):
     assert (t.capacity, t.swap, t.budget) == (*want, n)
 
 
+def test_every_gambit_flag_reaches_the_tournament():
+    """Each GambitParams field is taken as it is (SHARED_FIELDS) or resolved against the
+    budget: a new flag that TournamentConfig never sees fails here, and a changed value of
+    every shared field shows in the config."""
+    from dataclasses import fields, replace
+
+    from gambit_search.methods.gambit import SHARED_FIELDS, GambitParams, tournament_config
+
+    resolved = {"capacity", "swap", "lineage_share", "prune_budget"}
+    names = {f.name for f in fields(GambitParams)}
+    assert names == set(SHARED_FIELDS) | resolved
+    other = {bool: lambda v: not v, int: lambda v: v + 3, float: lambda v: v / 2 + 0.01,
+             str: lambda v: {"boundary": "best", "steps": "thoughts", "top": "random"}[v]}
+    base = GambitParams()
+    for name in SHARED_FIELDS:
+        v = getattr(base, name)
+        changed = replace(base, **{name: other[type(v)](v)})
+        assert getattr(tournament_config(changed, 64), name) == getattr(changed, name) != v
+    t = tournament_config(GambitParams(capacity=8, swap=2, lineage_share=0.5, prune_budget=2), 16)
+    assert (t.capacity, t.swap, t.max_lineage, t.max_prunes) == (8, 2, 4, 32)
+
+
 def test_a_given_capacity_or_swap_wins_over_the_scaling():
     from gambit_search.methods.gambit import GambitParams, capacity_swap
 

@@ -14,7 +14,7 @@ val, docs/SEARCH.md "A lineage vote"; ``--rule weighted`` is the paper's).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from gambit_search.methods import Method
 from gambit_search.tournament import Tournament
@@ -112,15 +112,20 @@ def tournament_config(params: GambitParams, n: int, max_tokens: int | None = Non
     x = _number("prune_budget", params.prune_budget, math.inf, "a number >= 0 (inf: no cap)")
     share = _number("lineage_share", params.lineage_share, 1.0, "a number in [0, 1] (0: no cap)")
     return TournamentConfig(
-        capacity=c, swap=k, interval=params.interval,
-        warmup=params.warmup, floor=params.floor, child_temperature=params.child_temperature,
-        budget=n, ghosts=params.ghosts, revive=params.revive, branch_point=params.branch_point,
-        parents=params.parents, drain=params.drain, interval_unit=params.interval_unit,
-        max_children=params.max_children,
+        **{name: getattr(params, name) for name in SHARED_FIELDS},
+        capacity=c, swap=k, budget=n,
         max_lineage=max(1, math.ceil(share * c - 1e-9)) if share > 0 else 0,
         max_prunes=None if math.isinf(x) else math.ceil(x * n - 1e-9),
         max_unique_tokens=4 * n * max_tokens if max_tokens else None,
     )
+
+
+SHARED_FIELDS = tuple(f.name for f in fields(GambitParams)
+                      if f.name in {g.name for g in fields(TournamentConfig)}
+                      and f.name not in ("capacity", "swap"))
+"""GambitParams' fields that TournamentConfig takes as they are (the rest are resolved
+against the budget: C and K by :func:`capacity_swap`, the lineage share and the prune budget
+as counts)."""
 
 
 def _number(name: str, value, top: float, what: str) -> float:
