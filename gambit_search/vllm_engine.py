@@ -40,10 +40,9 @@ How each operation maps onto vLLM:
   ``cache_config.num_gpu_blocks`` (:class:`~gambit_search.vllm_runtime.VLLMRuntime`).
 
 Throughput: with ``stream_interval=1`` (default) vLLM builds one output per trace per step;
-``stream_interval=8`` delivers tokens in batches and brings the adapter to >= 0.97 of plain
-``LLM.generate`` on CPU (docs/results/LOG.md, "Engine adapter"). vLLM 0.26 has no
-``stream_interval`` (ignored there, one warning); on the H200 the adapter ran at 0.78-0.89 of
-plain generate (docs/results/LOG.md, "GPU (H200)").
+``stream_interval=8`` delivers tokens in batches, which cuts the adapter's share of the wall.
+vLLM 0.26 has no ``stream_interval`` (ignored there, one warning). The adapter against plain
+``LLM.generate``, measured: docs/RESULTS.md, "Engine adapter vs plain LLM.generate".
 
 Dying with the driver: vLLM's processes end when the driver does, even on ``kill -9``
 (:mod:`gambit_search._reaper`; started by :mod:`gambit_search.vllm_runtime`).
