@@ -129,6 +129,12 @@ class Tournament(NodeBook):
         self.limit = config.capacity
         """Active traces allowed now: C, or less while the question's KV share is smaller
         (``start(limit)``); grows back with ``MemoryPressure(revive=n)``."""
+        self.width = config.start_width or config.capacity
+        """Active traces allowed by the search: ``start_width`` until two completions
+        disagree, then C."""
+        self._fresh_owed = 0
+        """Fresh roots the widening still owes the pool (they come before forks)."""
+        self._answers: set[str | None] = set()
         self._since_round = 0
         self.end_reason: str | None = None
         """Why the question ended: "budget", "token_cap", "errors" or "stopped"."""
@@ -168,7 +174,7 @@ class Tournament(NodeBook):
 
     def room(self) -> int:
         """Traces the pool may add now (capacity, KV share and, with ``drain``, budget)."""
-        room = self.limit - self.num_active
+        room = min(self.limit, self.width) - self.num_active
         if self.config.drain:
             room = min(room, self.budget - self._in_play())
         return max(0, room)
@@ -187,6 +193,7 @@ class Tournament(NodeBook):
             return []
         if isinstance(event, Finished):
             self._on_finished(event)
+            self._widen_on_dissent(self.nodes[event.node])
             end = self._check_end()
             if self.done or not event.last:
                 return end
@@ -210,6 +217,16 @@ class Tournament(NodeBook):
         if isinstance(event, MemoryPressure):
             return self._on_memory(event) + self._keep_one_running()
         raise TypeError(f"unknown event {event!r}")
+
+    def _widen_on_dissent(self, n: Node) -> None:
+        """``start_width``: the first completion whose answer differs from an earlier one
+        widens the pool to C, the added places owed to fresh roots."""
+        if n.state is not NodeState.COMPLETED or self.width >= self.config.capacity:
+            return
+        self._answers.add(n.answer)
+        if len(self._answers) > 1:
+            self._fresh_owed = self.config.capacity - self.width
+            self.width = self.config.capacity
 
     def _round_due(self) -> bool:
         cfg = self.config
@@ -336,6 +353,10 @@ class Tournament(NodeBook):
                 else None)
         i = 0
         for _ in range(max(0, slots)):
+            if self._fresh_owed > 0:  # the widening's places: new roots, not copies
+                self._fresh_owed -= 1
+                acts.append(Spawn(self._new_root().id))
+                continue
             if cfg.max_children:
                 parents = [p for p in parents if self._eligible(p)]
             if load is not None:
@@ -466,7 +487,7 @@ class Tournament(NodeBook):
             return 0
         cfg = self.config
         g = self.num_ghosts if cfg.revive else 0
-        useful = cfg.capacity
+        useful = self.width
         if cfg.drain:
             useful = min(useful, self.budget - self.counts["completions"])
-        return g + max(0, min(cfg.capacity - self.limit, useful - self.num_active))
+        return g + max(0, min(self.width - self.limit, useful - self.num_active))

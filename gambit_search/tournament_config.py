@@ -58,6 +58,10 @@ class TournamentConfig:
     """Diversity cap: a fork may not take a root's lineage (the root and its descendants)
     above this many active traces; with no parent left under it, a fresh root is sampled
     (0: none)."""
+    start_width: int = 0
+    """Start narrow: at most this many active traces until two completions disagree on their
+    answer (a missing answer counts as one); then the pool widens to ``capacity`` and the
+    added places are fresh roots (0: ``capacity`` from the start, the reference)."""
     max_prunes: int | None = None
     """Prune budget: at most this many traces pruned per question, then the survivors finish
     (None: no cap)."""
@@ -101,6 +105,10 @@ class TournamentConfig:
         if self.max_lineage < 0:
             raise TournamentConfigError(
                 f"max_lineage must be >= 0 (0: no cap), got {self.max_lineage}")
+        if not 0 <= self.start_width <= self.capacity:
+            raise TournamentConfigError(
+                f"start_width must be in [0, capacity={self.capacity}] (0: capacity), "
+                f"got {self.start_width}")
         if self.parents not in ("top", "random"):
             raise TournamentConfigError(f"parents must be 'top' or 'random', got {self.parents!r}")
         if self.max_prunes is not None and self.max_prunes < 0:
