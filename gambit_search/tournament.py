@@ -104,6 +104,12 @@ from gambit_search.tournament_config import TournamentConfig
 __all__ = ["Tournament"]
 
 
+CONFIDENT = 0.5
+"""``start_width``: a completion's answer counts toward dissent when its final score gives it
+at least even odds of being right (on toy val the scores are bimodal: 0.5-0.95 widen the same
+questions)."""
+
+
 def _rank_key(n: Node, warmup: int) -> tuple[int, float, int]:
     """Ascending: worst first. Unranked (unscored or pre-warmup) nodes, i.e. such ghosts,
     come below every ranked one; then by score; among equals the older goes first."""
@@ -135,6 +141,7 @@ class Tournament(NodeBook):
         self._fresh_owed = 0
         """Fresh roots the widening still owes the pool (they come before forks)."""
         self._answers: set[str | None] = set()
+        """Answers of the confident completions while the pool is narrow."""
         self._since_round = 0
         self.end_reason: str | None = None
         """Why the question ended: "budget", "token_cap", "errors" or "stopped"."""
@@ -219,12 +226,15 @@ class Tournament(NodeBook):
         raise TypeError(f"unknown event {event!r}")
 
     def _widen_on_dissent(self, n: Node) -> None:
-        """``start_width``: the first completion whose answer differs from an earlier one
-        widens the pool to C, the added places owed to fresh roots."""
+        """``start_width``: widen the pool to C, the added places owed to fresh roots, when two
+        confident completions (final score >= CONFIDENT) disagree on their answer, or when the
+        first ``start_width`` completions hold no confident one."""
         if n.state is not NodeState.COMPLETED or self.width >= self.config.capacity:
             return
-        self._answers.add(n.answer)
-        if len(self._answers) > 1:
+        if n.score is not None and n.score >= CONFIDENT:
+            self._answers.add(n.answer)
+        if len(self._answers) > 1 or (not self._answers
+                                      and self.counts["completions"] >= self.width):
             self._fresh_owed = self.config.capacity - self.width
             self.width = self.config.capacity
 

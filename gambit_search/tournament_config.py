@@ -59,9 +59,10 @@ class TournamentConfig:
     above this many active traces; with no parent left under it, a fresh root is sampled
     (0: none)."""
     start_width: int = 0
-    """Start narrow: at most this many active traces until two completions disagree on their
-    answer (a missing answer counts as one); then the pool widens to ``capacity`` and the
-    added places are fresh roots (0: ``capacity`` from the start, the reference)."""
+    """Start narrow: at most this many active traces until two confident completions (final
+    score >= 0.5) disagree on their answer, or the first this many completions hold no
+    confident one; then the pool widens to ``capacity`` and the added places are fresh roots
+    (0: ``capacity`` from the start, the reference)."""
     max_prunes: int | None = None
     """Prune budget: at most this many traces pruned per question, then the survivors finish
     (None: no cap)."""
