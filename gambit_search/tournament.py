@@ -57,6 +57,9 @@ Semantics (docs/SEARCH.md and docs/REFERENCE.md, "Gambit"); where ours differs i
   ``max_lineage``: a fork may not take a root's lineage (the root and all its descendants)
   above that many active traces; the next-best parent of another lineage forks instead, or a
   fresh root when none has room (DVTS-like independent subtrees; 0: no cap, the reference).
+- **A narrow start** (``start_width``): the pool holds that many active traces until two
+  confident completions disagree (or none of the first that many is confident), then C,
+  the added places fresh roots (0: C from the start, the reference).
 - **Prune budget** (``max_prunes``): a question prunes at most this many traces (floor and
   swap alike, lowest ranked first); then rounds prune no more and the survivors finish, so
   at most N + ``max_prunes`` traces start (errors aside): a cap on the search's exploration
@@ -99,15 +102,9 @@ from gambit_search.policy import (
     Scored,
     Spawn,
 )
-from gambit_search.tournament_config import TournamentConfig
+from gambit_search.tournament_config import CONFIDENT, TournamentConfig
 
 __all__ = ["Tournament"]
-
-
-CONFIDENT = 0.5
-"""``start_width``: a completion's answer counts toward dissent when its final score gives it
-at least even odds of being right (on toy val the scores are bimodal: 0.5-0.95 widen the same
-questions)."""
 
 
 def _rank_key(n: Node, warmup: int) -> tuple[int, float, int]:
@@ -136,12 +133,9 @@ class Tournament(NodeBook):
         """Active traces allowed now: C, or less while the question's KV share is smaller
         (``start(limit)``); grows back with ``MemoryPressure(revive=n)``."""
         self.width = config.start_width or config.capacity
-        """Active traces allowed by the search: ``start_width`` until two completions
-        disagree, then C."""
-        self._fresh_owed = 0
-        """Fresh roots the widening still owes the pool (they come before forks)."""
-        self._answers: set[str | None] = set()
-        """Answers of the confident completions while the pool is narrow."""
+        """Active traces the search allows: ``start_width`` until it widens, then C."""
+        self._fresh_owed = 0  # fresh roots the widening still owes the pool (before forks)
+        self._answers: set[str | None] = set()  # the confident completions' answers
         self._since_round = 0
         self.end_reason: str | None = None
         """Why the question ended: "budget", "token_cap", "errors" or "stopped"."""

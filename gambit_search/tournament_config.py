@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from gambit_core.errors import InputError
 
-__all__ = ["BRANCH_POINTS", "INTERVAL_UNITS", "TournamentConfig", "TournamentConfigError"]
+__all__ = ["BRANCH_POINTS", "CONFIDENT", "INTERVAL_UNITS", "TournamentConfig", "TournamentConfigError"]
 
 BRANCH_POINTS = ("boundary", "current", "best", "drop")
 """Where a child branches off its parent (:attr:`TournamentConfig.branch_point`)."""
@@ -19,6 +19,12 @@ INTERVAL_UNITS = ("steps", "thoughts")
 
 class TournamentConfigError(InputError):
     """A search parameter is out of range (one line)."""
+
+
+CONFIDENT = 0.5
+"""``start_width``: a completion's answer counts toward dissent when its final score gives it
+at least even odds of being right (on toy val the scores are bimodal: 0.5-0.95 widen the same
+questions)."""
 
 
 @dataclass(frozen=True)
