@@ -57,9 +57,9 @@ Semantics (docs/SEARCH.md and docs/REFERENCE.md, "Gambit"); where ours differs i
   ``max_lineage``: a fork may not take a root's lineage (the root and all its descendants)
   above that many active traces; the next-best parent of another lineage forks instead, or a
   fresh root when none has room (DVTS-like independent subtrees; 0: no cap, the reference).
-- **A narrow start** (``start_width``): the pool holds that many active traces until two
-  confident completions disagree (or none of the first that many is confident), then C,
-  the added places fresh roots (0: C from the start, the reference).
+- **A narrow start** (``start_width``): the pool holds that many active traces; when that
+  many have completed with a mean final score below CONFIDENT, it widens to C, the added
+  places fresh roots (0: C from the start, the reference).
 - **Prune budget** (``max_prunes``): a question prunes at most this many traces (floor and
   swap alike, lowest ranked first); then rounds prune no more and the survivors finish, so
   at most N + ``max_prunes`` traces start (errors aside): a cap on the search's exploration
@@ -135,7 +135,7 @@ class Tournament(NodeBook):
         self.width = config.start_width or config.capacity
         """Active traces the search allows: ``start_width`` until it widens, then C."""
         self._fresh_owed = 0  # fresh roots the widening still owes the pool (before forks)
-        self._answers: set[str | None] = set()  # the confident completions' answers
+        self._narrow_scores: list[float] = []  # final scores of the narrow pool's completions
         self._since_round = 0
         self.end_reason: str | None = None
         """Why the question ended: "budget", "token_cap", "errors" or "stopped"."""
@@ -194,7 +194,7 @@ class Tournament(NodeBook):
             return []
         if isinstance(event, Finished):
             self._on_finished(event)
-            self._widen_on_dissent(self.nodes[event.node])
+            self._widen_if_unsure(self.nodes[event.node])
             end = self._check_end()
             if self.done or not event.last:
                 return end
@@ -219,16 +219,15 @@ class Tournament(NodeBook):
             return self._on_memory(event) + self._keep_one_running()
         raise TypeError(f"unknown event {event!r}")
 
-    def _widen_on_dissent(self, n: Node) -> None:
-        """``start_width``: widen the pool to C, the added places owed to fresh roots, when two
-        confident completions (final score >= CONFIDENT) disagree on their answer, or when the
-        first ``start_width`` completions hold no confident one."""
+    def _widen_if_unsure(self, n: Node) -> None:
+        """``start_width``: once that many traces have completed, widen the pool to C, the
+        added places owed to fresh roots, if their mean final score is below CONFIDENT (the
+        scorer finds the question hard); else it stays narrow."""
         if n.state is not NodeState.COMPLETED or self.width >= self.config.capacity:
             return
-        if n.score is not None and n.score >= CONFIDENT:
-            self._answers.add(n.answer)
-        if len(self._answers) > 1 or (not self._answers
-                                      and self.counts["completions"] >= self.width):
+        self._narrow_scores.append(n.score if n.score is not None else 0.0)
+        if len(self._narrow_scores) == self.width and (
+                sum(self._narrow_scores) < CONFIDENT * self.width):
             self._fresh_owed = self.config.capacity - self.width
             self.width = self.config.capacity
 

@@ -22,9 +22,8 @@ class TournamentConfigError(InputError):
 
 
 CONFIDENT = 0.5
-"""``start_width``: a completion's answer counts toward dissent when its final score gives it
-at least even odds of being right (on toy val the scores are bimodal: 0.5-0.95 widen the same
-questions)."""
+"""``start_width``: a narrow pool widens when its first completions' mean final score gives
+them less than even odds of being right."""
 
 
 @dataclass(frozen=True)
@@ -65,10 +64,9 @@ class TournamentConfig:
     above this many active traces; with no parent left under it, a fresh root is sampled
     (0: none)."""
     start_width: int = 0
-    """Start narrow: at most this many active traces until two confident completions (final
-    score >= 0.5) disagree on their answer, or the first this many completions hold no
-    confident one; then the pool widens to ``capacity`` and the added places are fresh roots
-    (0: ``capacity`` from the start, the reference)."""
+    """Start narrow: at most this many active traces; once this many have completed, widen to
+    ``capacity`` if their mean final score is below 0.5 (the added places are fresh roots),
+    else stay narrow (0: ``capacity`` from the start, the reference)."""
     max_prunes: int | None = None
     """Prune budget: at most this many traces pruned per question, then the survivors finish
     (None: no cap)."""

@@ -677,44 +677,38 @@ def test_max_lineage_spreads_forks_over_root_lineages():
         TournamentConfig(max_lineage=-1)
 
 
-def test_a_narrow_start_widens_with_fresh_roots_once_confident_answers_disagree():
-    """start_width 2 of C = 6: two roots; agreeing or unconfident completions keep the pool at
-    2 (refilled by forks); the first confident dissent widens it to 6, the 4 new places fresh
-    roots."""
+def _narrow(first_scores: list[float]) -> tuple[Tournament, list]:
+    """start_width 2 of C = 6: two roots, one completes (a copy refills its place), then the
+    second completes with the given final scores; returns the second finish's actions."""
     t = _tour(capacity=6, swap=1, interval=100, budget=20, start_width=2)
     assert [type(a) for a in t.start()] == [Spawn] * 2
-    for n in (0, 1):
-        t.handle(Scored(n, 1, 0.9))
+    for n, s in zip((0, 1), first_scores):
+        t.handle(Scored(n, 1, s))
     _tick(t, [0, 1], 3)
     (a,) = t.handle(Finished(0, "stop", answer="7"))
-    assert isinstance(a, Fork) and a.parent == 1  # the same width, refilled by a copy
+    assert isinstance(a, Fork) and a.parent == 1 and t.width == 2  # one completion: narrow
     kid = a.node
-    t.handle(Scored(kid, 1, 0.8))
-    _tick(t, [1, kid], 3)
-    t.handle(Scored(1, 5, 0.2))  # 1 ends unconfident: its "9" is no dissent
-    (a,) = t.handle(Finished(1, "stop", answer="9"))
-    assert isinstance(a, Fork) and t.width == 2
-    kid2 = a.node
-    t.handle(Scored(kid2, 1, 0.9))
-    _tick(t, [kid, kid2], 3)  # kid2 is now an eligible parent
-    acts = t.handle(Finished(kid, "stop", answer="8"))  # confident dissent: C, roots first
+    t.handle(Scored(kid, 1, 0.9))
+    _tick(t, [1, kid], 3)  # kid is now an eligible parent
+    return t, t.handle(Finished(1, "stop", answer="8"))
+
+
+def test_a_narrow_start_widens_with_fresh_roots_when_its_first_completions_score_low():
+    t, acts = _narrow([0.6, 0.2])  # mean 0.4 < 0.5: the scorer finds it hard
     assert t.width == 6
     # the 4 places owed are fresh roots; the finished one's place is a fork as before
-    assert [type(a) for a in acts] == [Spawn] * 4 + [Fork] and acts[-1].parent == kid2
+    assert [type(a) for a in acts] == [Spawn] * 4 + [Fork]
     assert t.num_active == 6 and t.wants() == 0
     with pytest.raises(TournamentConfigError, match="start_width must be in"):
         TournamentConfig(capacity=4, start_width=5)
 
 
-def test_a_narrow_start_widens_when_no_early_completion_is_confident():
-    t = _tour(capacity=4, swap=1, interval=100, budget=20, start_width=2)
-    t.start()
-    for n in (0, 1):
-        t.handle(Scored(n, 1, 0.1))
-    t.handle(Finished(0, "stop", answer="7"))
-    assert t.width == 2
-    t.handle(Finished(1, "stop", answer="7"))  # two completions, neither confident
-    assert t.width == 4
+def test_a_narrow_start_stays_narrow_when_its_first_completions_score_high():
+    t, acts = _narrow([0.9, 0.3])  # mean 0.6: stays at 2, decided for good
+    assert t.width == 2 and [type(a) for a in acts] == [Fork]
+    t.handle(Scored(2, 4, 0.05))
+    t.handle(Finished(2, "stop", answer="7"))  # a later low score does not widen it
+    assert t.width == 2 and t.num_active == 2
 
 
 @pytest.mark.parametrize("share, c, cap", [(0.0, 32, 0), (0.25, 32, 8), (0.1, 8, 1),

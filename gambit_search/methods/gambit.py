@@ -63,10 +63,10 @@ class GambitParams:
     and cost 5-13 points at N <= 64; the lineage vote, the default rule, got the N = 128 gain
     without it) [paper 0]."""
     start_share: float = 0.0
-    """Start narrow: ceil(share x C) active traces (at least 1) until two confident
-    completions (final score >= 0.5) disagree on their answer, or the first that many hold no
-    confident one; then C, the added places fresh roots, so a question the scorer finds easy
-    votes at the token cost of fewer roots (0: C from the start) [paper 0]."""
+    """Start narrow: ceil(share x C) active traces (at least 1); once that many have
+    completed, widen to C with fresh roots if their mean final score is below 0.5 (the scorer
+    finds the question hard), else stay narrow, so an easy question votes at the token cost of
+    fewer roots (0: C from the start) [paper 0]."""
     prune_budget: float = 1.0
     """Exploration cap: at most this times N traces pruned per question (so at most (1 + it)
     x N started); then no more prunes, and the survivors finish and vote (inf: no cap; on
