@@ -682,7 +682,7 @@ def _narrow(first_scores: list[float]) -> tuple[Tournament, list]:
     second completes with the given final scores; returns the second finish's actions."""
     t = _tour(capacity=6, swap=1, interval=100, budget=20, start_width=2)
     assert [type(a) for a in t.start()] == [Spawn] * 2
-    for n, s in zip((0, 1), first_scores):
+    for n, s in zip((0, 1), first_scores, strict=True):
         t.handle(Scored(n, 1, s))
     _tick(t, [0, 1], 3)
     (a,) = t.handle(Finished(0, "stop", answer="7"))
