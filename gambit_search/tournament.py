@@ -57,9 +57,6 @@ Semantics (docs/SEARCH.md and docs/REFERENCE.md, "Gambit"); where ours differs i
   ``max_lineage``: a fork may not take a root's lineage (the root and all its descendants)
   above that many active traces; the next-best parent of another lineage forks instead, or a
   fresh root when none has room (DVTS-like independent subtrees; 0: no cap, the reference).
-- **A narrow start** (``start_width``): the pool holds that many active traces; when that
-  many have completed with a mean final score below CONFIDENT, it widens to C, the added
-  places fresh roots (0: C from the start, the reference).
 - **Prune budget** (``max_prunes``): a question prunes at most this many traces (floor and
   swap alike, lowest ranked first); then rounds prune no more and the survivors finish, so
   at most N + ``max_prunes`` traces start (errors aside): a cap on the search's exploration
@@ -102,7 +99,7 @@ from gambit_search.policy import (
     Scored,
     Spawn,
 )
-from gambit_search.tournament_config import CONFIDENT, TournamentConfig
+from gambit_search.tournament_config import TournamentConfig
 
 __all__ = ["Tournament"]
 
@@ -132,10 +129,6 @@ class Tournament(NodeBook):
         self.limit = config.capacity
         """Active traces allowed now: C, or less while the question's KV share is smaller
         (``start(limit)``); grows back with ``MemoryPressure(revive=n)``."""
-        self.width = config.start_width or config.capacity
-        """Active traces the search allows: ``start_width`` until it widens, then C."""
-        self._fresh_owed = 0  # fresh roots the widening still owes the pool (before forks)
-        self._narrow_scores: list[float] = []  # final scores of the narrow pool's completions
         self._since_round = 0
         self.end_reason: str | None = None
         """Why the question ended: "budget", "token_cap", "errors" or "stopped"."""
@@ -175,7 +168,7 @@ class Tournament(NodeBook):
 
     def room(self) -> int:
         """Traces the pool may add now (capacity, KV share and, with ``drain``, budget)."""
-        room = min(self.limit, self.width) - self.num_active
+        room = self.limit - self.num_active
         if self.config.drain:
             room = min(room, self.budget - self._in_play())
         return max(0, room)
@@ -194,7 +187,6 @@ class Tournament(NodeBook):
             return []
         if isinstance(event, Finished):
             self._on_finished(event)
-            self._widen_if_unsure(self.nodes[event.node])
             end = self._check_end()
             if self.done or not event.last:
                 return end
@@ -218,18 +210,6 @@ class Tournament(NodeBook):
         if isinstance(event, MemoryPressure):
             return self._on_memory(event) + self._keep_one_running()
         raise TypeError(f"unknown event {event!r}")
-
-    def _widen_if_unsure(self, n: Node) -> None:
-        """``start_width``: once that many traces have completed, widen the pool to C, the
-        added places owed to fresh roots, if their mean final score is below CONFIDENT (the
-        scorer finds the question hard); else it stays narrow."""
-        if n.state is not NodeState.COMPLETED or self.width >= self.config.capacity:
-            return
-        self._narrow_scores.append(n.score if n.score is not None else 0.0)
-        if len(self._narrow_scores) == self.width and (
-                sum(self._narrow_scores) < CONFIDENT * self.width):
-            self._fresh_owed = self.config.capacity - self.width
-            self.width = self.config.capacity
 
     def _round_due(self) -> bool:
         cfg = self.config
@@ -356,10 +336,6 @@ class Tournament(NodeBook):
                 else None)
         i = 0
         for _ in range(max(0, slots)):
-            if self._fresh_owed > 0:  # the widening's places: new roots, not copies
-                self._fresh_owed -= 1
-                acts.append(Spawn(self._new_root().id))
-                continue
             if cfg.max_children:
                 parents = [p for p in parents if self._eligible(p)]
             if load is not None:
@@ -490,7 +466,7 @@ class Tournament(NodeBook):
             return 0
         cfg = self.config
         g = self.num_ghosts if cfg.revive else 0
-        useful = self.width
+        useful = cfg.capacity
         if cfg.drain:
             useful = min(useful, self.budget - self.counts["completions"])
-        return g + max(0, min(self.width - self.limit, useful - self.num_active))
+        return g + max(0, min(cfg.capacity - self.limit, useful - self.num_active))

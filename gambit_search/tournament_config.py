@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from gambit_core.errors import InputError
 
-__all__ = ["BRANCH_POINTS", "CONFIDENT", "INTERVAL_UNITS", "TournamentConfig", "TournamentConfigError"]
+__all__ = ["BRANCH_POINTS", "INTERVAL_UNITS", "TournamentConfig", "TournamentConfigError"]
 
 BRANCH_POINTS = ("boundary", "current", "best", "drop")
 """Where a child branches off its parent (:attr:`TournamentConfig.branch_point`)."""
@@ -19,11 +19,6 @@ INTERVAL_UNITS = ("steps", "thoughts")
 
 class TournamentConfigError(InputError):
     """A search parameter is out of range (one line)."""
-
-
-CONFIDENT = 0.5
-"""``start_width``: a narrow pool widens when its first completions' mean final score gives
-them less than even odds of being right."""
 
 
 @dataclass(frozen=True)
@@ -63,10 +58,6 @@ class TournamentConfig:
     """Diversity cap: a fork may not take a root's lineage (the root and its descendants)
     above this many active traces; with no parent left under it, a fresh root is sampled
     (0: none)."""
-    start_width: int = 0
-    """Start narrow: at most this many active traces; once this many have completed, widen to
-    ``capacity`` if their mean final score is below 0.5 (the added places are fresh roots),
-    else stay narrow (0: ``capacity`` from the start, the reference)."""
     max_prunes: int | None = None
     """Prune budget: at most this many traces pruned per question, then the survivors finish
     (None: no cap)."""
@@ -110,10 +101,6 @@ class TournamentConfig:
         if self.max_lineage < 0:
             raise TournamentConfigError(
                 f"max_lineage must be >= 0 (0: no cap), got {self.max_lineage}")
-        if not 0 <= self.start_width <= self.capacity:
-            raise TournamentConfigError(
-                f"start_width must be in [0, capacity={self.capacity}] (0: capacity), "
-                f"got {self.start_width}")
         if self.parents not in ("top", "random"):
             raise TournamentConfigError(f"parents must be 'top' or 'random', got {self.parents!r}")
         if self.max_prunes is not None and self.max_prunes < 0:

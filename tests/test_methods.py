@@ -685,7 +685,7 @@ def test_every_gambit_flag_reaches_the_tournament():
 
     from gambit_search.methods.gambit import SHARED_FIELDS, GambitParams, tournament_config
 
-    resolved = {"capacity", "swap", "lineage_share", "prune_budget", "start_share"}
+    resolved = {"capacity", "swap", "lineage_share", "prune_budget"}
     names = {f.name for f in fields(GambitParams)}
     assert names == set(SHARED_FIELDS) | resolved
     other = {bool: lambda v: not v, int: lambda v: v + 3, float: lambda v: v / 2 + 0.01,
@@ -695,9 +695,8 @@ def test_every_gambit_flag_reaches_the_tournament():
         v = getattr(base, name)
         changed = replace(base, **{name: other[type(v)](v)})
         assert getattr(tournament_config(changed, 64), name) == getattr(changed, name) != v
-    t = tournament_config(GambitParams(capacity=8, swap=2, lineage_share=0.5, prune_budget=2,
-                                       start_share=0.3), 16)
-    assert (t.capacity, t.swap, t.max_lineage, t.max_prunes, t.start_width) == (8, 2, 4, 32, 3)
+    t = tournament_config(GambitParams(capacity=8, swap=2, lineage_share=0.5, prune_budget=2), 16)
+    assert (t.capacity, t.swap, t.max_lineage, t.max_prunes) == (8, 2, 4, 32)
 
 
 def test_a_given_capacity_or_swap_wins_over_the_scaling():

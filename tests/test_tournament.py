@@ -89,7 +89,6 @@ class Params:
     max_children: int = 0
     prune_budget: float = math.inf
     lineage_share: float = 0.0
-    start_share: float = 0.0
 
 
 def _gambit_params(p: Params) -> GambitParams:
@@ -98,7 +97,7 @@ def _gambit_params(p: Params) -> GambitParams:
                         branch_point=p.branch_point, ghosts=p.ghosts, revive=p.revive,
                         drain=p.drain, interval_unit=p.interval_unit,
                         max_children=p.max_children, prune_budget=p.prune_budget,
-                        lineage_share=p.lineage_share, start_share=p.start_share)
+                        lineage_share=p.lineage_share)
 
 
 def _method() -> Method:
@@ -156,7 +155,6 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
     max_children=st.sampled_from([0, 0, 1, 2]),
     prune_budget=st.sampled_from([math.inf, math.inf, 0.0, 0.3, 1.0]),
     lineage_share=st.sampled_from([0.0, 0.0, 0.25, 0.5]),
-    start_share=st.sampled_from([0.0, 0.0, 0.3]),
     ghosts=st.booleans(),
     revive=st.booleans(),
     num_blocks=st.sampled_from([24, 48, 4096]),
@@ -168,20 +166,18 @@ def _run(params: Params, num_blocks: int, seed: int, n_questions: int, max_live:
 )
 def test_invariants_hold_on_the_fake_engine(k, extra, more, interval, warmup, floor, branch,
                                             unit, max_children, prune_budget, lineage_share,
-                                            start_share, ghosts, revive, num_blocks, seed, n_questions,
+                                            ghosts, revive, num_blocks, seed, n_questions,
                                             score_every, drain, queue):
     """C = N and C < N (``more``), with and without a small KV pool, drain on and off, with
     and without traces queued beyond the engine's limit, every branch point, rounds in steps
-    or thoughts, with and without a cap on children, on lineages and on prunes, starting
-    narrow or not: every
+    or thoughts, with and without a cap on children, on lineages and on prunes: every
     question votes on exactly N completed traces unless it records the token cap, every
     refill comes with the event that opened room (``Checked``), ghosts leave, all ends."""
     cap = 2 * k + extra
     params = Params(n=cap + more, capacity=cap, swap=k, interval=interval, warmup=warmup,
                     floor=floor, branch_point=branch, ghosts=ghosts, revive=revive, drain=drain,
                     child_temperature=0.8, interval_unit=unit, max_children=max_children,
-                    prune_budget=prune_budget, lineage_share=lineage_share,
-                    start_share=start_share)
+                    prune_budget=prune_budget, lineage_share=lineage_share)
     eng, drv, results = _run(params, num_blocks, seed, n_questions, max_live=2 * cap,
                              score_every=score_every, queue=queue)
     assert len(results) == n_questions  # every run terminates, every question is reported
@@ -675,40 +671,6 @@ def test_max_lineage_spreads_forks_over_root_lineages():
     assert isinstance(a, Fork) and t.root_of(a.node) not in (6, 7)
     with pytest.raises(TournamentConfigError, match="max_lineage must be >= 0"):
         TournamentConfig(max_lineage=-1)
-
-
-def _narrow(first_scores: list[float]) -> tuple[Tournament, list]:
-    """start_width 2 of C = 6: two roots, one completes (a copy refills its place), then the
-    second completes with the given final scores; returns the second finish's actions."""
-    t = _tour(capacity=6, swap=1, interval=100, budget=20, start_width=2)
-    assert [type(a) for a in t.start()] == [Spawn] * 2
-    for n, s in zip((0, 1), first_scores, strict=True):
-        t.handle(Scored(n, 1, s))
-    _tick(t, [0, 1], 3)
-    (a,) = t.handle(Finished(0, "stop", answer="7"))
-    assert isinstance(a, Fork) and a.parent == 1 and t.width == 2  # one completion: narrow
-    kid = a.node
-    t.handle(Scored(kid, 1, 0.9))
-    _tick(t, [1, kid], 3)  # kid is now an eligible parent
-    return t, t.handle(Finished(1, "stop", answer="8"))
-
-
-def test_a_narrow_start_widens_with_fresh_roots_when_its_first_completions_score_low():
-    t, acts = _narrow([0.6, 0.2])  # mean 0.4 < 0.5: the scorer finds it hard
-    assert t.width == 6
-    # the 4 places owed are fresh roots; the finished one's place is a fork as before
-    assert [type(a) for a in acts] == [Spawn] * 4 + [Fork]
-    assert t.num_active == 6 and t.wants() == 0
-    with pytest.raises(TournamentConfigError, match="start_width must be in"):
-        TournamentConfig(capacity=4, start_width=5)
-
-
-def test_a_narrow_start_stays_narrow_when_its_first_completions_score_high():
-    t, acts = _narrow([0.9, 0.3])  # mean 0.6: stays at 2, decided for good
-    assert t.width == 2 and [type(a) for a in acts] == [Fork]
-    t.handle(Scored(2, 4, 0.05))
-    t.handle(Finished(2, "stop", answer="7"))  # a later low score does not widen it
-    assert t.width == 2 and t.num_active == 2
 
 
 @pytest.mark.parametrize("share, c, cap", [(0.0, 32, 0), (0.25, 32, 8), (0.1, 8, 1),

@@ -62,12 +62,6 @@ class GambitParams:
     lineage forks instead, or a fresh root (0: no cap; on toy val 1/8 gave +2 points at N = 128
     and cost 5-13 points at N <= 64; the lineage vote, the default rule, got the N = 128 gain
     without it) [paper 0]."""
-    start_share: float = 0.0
-    """Start narrow: ceil(share x C) active traces (at least 1); once that many have
-    completed, widen to C with fresh roots if their mean final score is below 0.5 (the scorer
-    finds the question hard), else stay narrow, so an easy question votes at the token cost of
-    fewer roots (0: C from the start; on toy val at N = 64, 0.5 saved toy 14% of its tokens
-    and cost toy-hard 4 points, worse than a fixed C = 24) [paper 0]."""
     prune_budget: float = 1.0
     """Exploration cap: at most this times N traces pruned per question (so at most (1 + it)
     x N started); then no more prunes, and the survivors finish and vote (inf: no cap; on
@@ -117,11 +111,9 @@ def tournament_config(params: GambitParams, n: int, max_tokens: int | None = Non
     c, k = capacity_swap(params, n)
     x = _number("prune_budget", params.prune_budget, math.inf, "a number >= 0 (inf: no cap)")
     share = _number("lineage_share", params.lineage_share, 1.0, "a number in [0, 1] (0: no cap)")
-    start = _number("start_share", params.start_share, 1.0, "a number in [0, 1] (0: C at once)")
     return TournamentConfig(
         **{name: getattr(params, name) for name in SHARED_FIELDS},
         capacity=c, swap=k, budget=n,
-        start_width=min(c, max(1, math.ceil(start * c - 1e-9))) if start > 0 else 0,
         max_lineage=max(1, math.ceil(share * c - 1e-9)) if share > 0 else 0,
         max_prunes=None if math.isinf(x) else math.ceil(x * n - 1e-9),
         max_unique_tokens=4 * n * max_tokens if max_tokens else None,
@@ -132,8 +124,8 @@ SHARED_FIELDS = tuple(f.name for f in fields(GambitParams)
                       if f.name in {g.name for g in fields(TournamentConfig)}
                       and f.name not in ("capacity", "swap"))
 """GambitParams' fields that TournamentConfig takes as they are (the rest are resolved
-against the budget: C and K by :func:`capacity_swap`, the lineage and start shares and the
-prune budget as counts)."""
+against the budget: C and K by :func:`capacity_swap`, the lineage share and the prune budget
+as counts)."""
 
 
 def _number(name: str, value, top: float, what: str) -> float:

@@ -68,8 +68,6 @@ class PaperPreset:
     """No cap on children per parent."""
     lineage_share: float = 0.0
     """No cap on a root's lineage."""
-    start_share: float = 0.0
-    """The whole pool from the start."""
     rule: str = "weighted"
     """The score-weighted vote over every completed trace."""
     prune_budget: float = float("inf")
