@@ -665,11 +665,12 @@ def test_an_unknown_preset_is_a_one_line_error():
 
 
 @pytest.mark.parametrize("n, want", [(2, (2, 1)), (4, (2, 1)), (8, (4, 1)), (16, (8, 1)),
-                                     (32, (16, 1)), (64, (32, 2)), (128, (64, 4)),
-                                     (256, (64, 4))])
+                                     (20, (8, 1)), (32, (12, 1)), (64, (24, 2)),
+                                     (128, (48, 3)), (256, (64, 4))])
 def test_gambit_capacity_and_swap_scale_with_the_budget(n, want):
-    """The defaults the issue-29 tables measured: C = min(64, N/2), K = max(1, C/16), which
-    gambit-solve and gambit-bench both run (bench has no rule of its own)."""
+    """The defaults the issue-29 tables measured: C = N/2 up to N = 16, then 3N/8 (never
+    below 8, at most 64), K = ceil(C/16), which gambit-solve and gambit-bench both run
+    (bench has no rule of its own)."""
     from gambit_search.methods.gambit import GambitParams, capacity_swap, tournament_config
 
     assert capacity_swap(GambitParams(), n) == want
@@ -699,13 +700,25 @@ def test_every_gambit_flag_reaches_the_tournament():
     assert (t.capacity, t.swap, t.max_lineage, t.max_prunes) == (8, 2, 4, 32)
 
 
+def test_scaled_capacity_and_swap_never_fall_as_the_budget_grows():
+    """A bigger budget never runs a narrower search: C and K are non-decreasing in N (the
+    3N/8 rule alone would drop C from 8 at N = 16 to 6 at N = 17)."""
+    from gambit_search.methods.gambit import GambitParams, capacity_swap
+
+    got = [capacity_swap(GambitParams(), n) for n in range(2, 600)]
+    assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(got, got[1:], strict=False))
+    assert got[-1] == (64, 4)
+
+
 def test_a_given_capacity_or_swap_wins_over_the_scaling():
     from gambit_search.methods.gambit import GambitParams, capacity_swap
 
     assert capacity_swap(GambitParams(capacity=16), 64) == (16, 1)  # K follows the given C
+    assert capacity_swap(GambitParams(capacity=32), 64) == (32, 2)
     assert capacity_swap(GambitParams(capacity=256, swap=16), 64) == (64, 16)  # C <= N
     assert capacity_swap(GambitParams(swap=3), 6) == (6, 3)  # room for the given K: C >= 2K
-    assert capacity_swap(GambitParams(swap=4), 64) == (32, 4)
+    assert capacity_swap(GambitParams(swap=4), 64) == (24, 4)
+    assert capacity_swap(GambitParams(swap=16), 64) == (32, 16)  # the scaled 24 < 2K
     assert capacity_swap(GambitParams(swap=4), 512) == (64, 4)
 
 

@@ -3,9 +3,9 @@
     gambit-solve --method gambit --n 64 --capacity 32 --swap 2 --interval 32 --warmup 16 --dataset toy:test:200
 
 ``--n`` is the budget N of completed traces that vote; ``--capacity`` is C, the traces kept
-active at once (at most N). By default C and K scale with N (:func:`capacity_swap`: C =
-min(64, N/2), K = max(1, C/16); chosen on toy val, docs/SEARCH.md); the paper runs C = N =
-256, K = 16. A question prunes at most N traces (``--prune-budget 1``, chosen on toy val;
+active at once (at most N). By default C and K scale with N (:func:`capacity_swap`: C = N/2
+up to N = 16 and 3N/8 above, at most 64, and K = ceil(C/16); chosen on toy val,
+docs/SEARCH.md "Width"); the paper runs C = N = 256, K = 16. A question prunes at most N traces (``--prune-budget 1``, chosen on toy val;
 ``inf``: no cap, the paper's), then its survivors finish. Answers by the lineage vote (the
 score-weighted vote with one vote per root lineage, :mod:`gambit_search.voting`; chosen on toy
 val, docs/SEARCH.md "A lineage vote"; ``--rule weighted`` is the paper's).
@@ -29,10 +29,12 @@ class GambitParams:
 
     capacity: int | None = None
     """Gambit's C, logically active traces per question, at most n (None: scaled with the
-    budget, min(64, N/2) and at least 2; on toy val C = N cut latency 2x at N <= 16 and
-    cost more tokens, and C = 64 at N = 128 gave toy-hard 97% vs C = 32's 92) [paper 256]."""
+    budget: N/2 up to N = 16, 3N/8 above, at most 64; on toy val 3N/8 saved 11-17% of the
+    tokens from N = 32 on at equal accuracy, and C = N cut latency 2x at N <= 16 but cost more
+    tokens) [paper 256]."""
     swap: int | None = None
-    """Gambit's K, traces swapped per round (None: max(1, C/16), at most C/2) [paper 16]."""
+    """Gambit's K, traces swapped per round (None: ceil(C/16), at most C/2; at C = 24 K = 2
+    kept toy-hard val's accuracy, where K = 1 lost 3-6 points) [paper 16]."""
     interval: int = 32
     """Gambit's D, decode steps of a question between rounds [paper 200]."""
     warmup: int = 16
@@ -80,23 +82,33 @@ class GambitParams:
 
 
 AUTO_CAPACITY = 64
-"""C at N >= 128 when ``--capacity`` is not given (half the budget below that)."""
+"""The largest C when ``--capacity`` is not given (reached from N = 171 on)."""
+HALF_UP_TO = 16
+"""Up to this N the scaled C is N/2; above it C grows as 3N/8 (never below this N's C)."""
 SWAP_EVERY = 16
-"""K when ``--swap`` is not given: one swapped trace per this many of C (at least 1)."""
+"""K when ``--swap`` is not given: one swapped trace per this many of C, rounded up."""
+
+
+def _scaled_capacity(n: int) -> int:
+    """C = N/2 up to N = 16, then 3N/8 (never less than 8, so C never falls as N grows),
+    at most 64. Narrower than N/2 from N = 32 on: the same accuracy at 11-17% fewer tokens
+    on toy val; at N <= 16 a narrower pool lost 2-10 points at no saving (docs/SEARCH.md,
+    "Width")."""
+    return min(AUTO_CAPACITY, max(min(n, HALF_UP_TO) // 2, 3 * n // 8))
 
 
 def capacity_swap(params: GambitParams, n: int) -> tuple[int, int]:
     """Gambit's C and K at budget ``n``: the given ones, or scaled with the budget. C =
-    min(64, n/2) (at least 2, and 2K where K is given; at most n: more never run) and K =
-    max(1, C/16) (at most C/2: a round prunes K and keeps K parents) are the settings
-    measured on toy val and test (docs/SEARCH.md, "A scorer trained on prefix labels" and
-    "A prune budget"); at N = 64 they are C = 32, K = 2, from N = 128 on C = 64, K = 4."""
+    :func:`_scaled_capacity` (at least 2, and 2K where K is given; at most n: more never
+    run) and K = ceil(C/16) (at most C/2: a round prunes K and keeps K parents) are the
+    settings measured on toy val and test (docs/SEARCH.md, "Width"): C = 4, 8, 12, 24, 48
+    and K = 1, 1, 1, 2, 3 at N = 8, 16, 32, 64, 128; from N = 171 on C = 64, K = 4."""
     c = params.capacity
     if c is None:  # a given K keeps its room: C >= 2K
-        c = max(2, min(AUTO_CAPACITY, n // 2), 2 * (params.swap or 0))
+        c = max(2, _scaled_capacity(n), 2 * (params.swap or 0))
     c = min(int(c), n)
     k = (params.swap if params.swap is not None
-         else min(max(1, c // SWAP_EVERY), max(1, c // 2)))
+         else min(max(1, -(-c // SWAP_EVERY)), max(1, c // 2)))
     return c, int(k)
 
 
