@@ -33,8 +33,8 @@ class GambitParams:
     tokens from N = 32 on at equal accuracy, and C = N cut latency 2x at N <= 16 but cost more
     tokens) [paper 256]."""
     swap: int | None = None
-    """Gambit's K, traces swapped per round (None: ceil(C/16), at most C/2; at C = 24 K = 2
-    kept toy-hard val's accuracy, where K = 1 lost 3-6 points) [paper 16]."""
+    """Gambit's K, traces swapped per round (None: ceil(C/16), at most C/2; on toy-hard val
+    K = 2 at C = 24 lost less than K = 1) [paper 16]."""
     interval: int = 32
     """Gambit's D, decode steps of a question between rounds [paper 200]."""
     warmup: int = 16
