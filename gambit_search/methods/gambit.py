@@ -5,8 +5,9 @@
 ``--n`` is the budget N of completed traces that vote; ``--capacity`` is C, the traces kept
 active at once (at most N). By default C and K scale with N (:func:`capacity_swap`: C = N/2
 up to N = 16 and 3N/8 above, at most 64, and K = ceil(C/16); chosen on toy val,
-docs/SEARCH.md "Width"); the paper runs C = N = 256, K = 16. A question prunes at most N traces (``--prune-budget 1``, chosen on toy val;
-``inf``: no cap, the paper's), then its survivors finish. Answers by the lineage vote (the
+docs/SEARCH.md "Width"); the paper runs C = N = 256, K = 16. A question prunes at most N
+traces (``--prune-budget 1``, chosen on toy val; ``inf``: no cap, the paper's), then its
+survivors finish. Answers by the lineage vote (the
 score-weighted vote with one vote per root lineage, :mod:`gambit_search.voting`; chosen on toy
 val, docs/SEARCH.md "A lineage vote"; ``--rule weighted`` is the paper's).
 """
@@ -108,7 +109,7 @@ def capacity_swap(params: GambitParams, n: int) -> tuple[int, int]:
         c = max(2, _scaled_capacity(n), 2 * (params.swap or 0))
     c = min(int(c), n)
     k = (params.swap if params.swap is not None
-         else min(max(1, -(-c // SWAP_EVERY)), max(1, c // 2)))
+         else min(math.ceil(c / SWAP_EVERY), max(1, c // 2)))
     return c, int(k)
 
 

@@ -12,8 +12,8 @@
 Defaults fit the embedded toy world (the shipped toy policy and SeqScorer); the paper's
 settings for real reasoning models are C=256, K=16, D=200, w=12,000, floor 0.1, T=0.6,
 top-p 0.95, top-k 20. ``--n`` is the budget of completed traces per question; Gambit's C and K
-scale with it unless ``--capacity`` / ``--swap`` are given (C = N/2 up to N = 16, then 3N/8, at most 64; K = ceil(C/16):
-the settings the issue-29 tables measured), and a question prunes at most N traces
+scale with it unless ``--capacity`` / ``--swap`` are given (C = N/2 up to N = 16, then 3N/8,
+at most 64; K = ceil(C/16): the settings the issue-29 tables measured), and a question prunes at most N traces
 (``--prune-budget 1``).
 
 Outputs in ``--out``: ``results.jsonl`` (one line per question, appended as each finishes),
