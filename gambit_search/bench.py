@@ -23,7 +23,10 @@ mean KV use, mean question latency against its no-queue ideal, completed traces 
 and the share of questions that reached the budget N) and ``<out>/figures/*.png``
 (``gambit_search.bench_plots``); every row also carries the search diagnostics
 (coverage, correct and distinct answers per question, inherited share, fork depth:
-``gambit_search.diagnostics``). Everything that can be refused is refused before the
+``gambit_search.diagnostics``). A budget sweep also checks each method's accuracy-vs-tokens
+line against ``--frontier-reference``'s (BoN by default): ``table.md``'s "Frontier" section
+and ``table.json``'s ``frontier`` give the worst gap and where it falls
+(``gambit_search.bench_frontier``). Everything that can be refused is refused before the
 engine starts: an unknown method, a method that needs a scorer run without one, a dataset
 that does not load.
 """
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from gambit_core.errors import InputError
+from gambit_search.bench_frontier import frontier_gaps, frontier_markdown
 from gambit_search.bench_tables import aggregate, markdown, run_metrics
 from gambit_search.engines import EngineSettings
 from gambit_search.solve.config import setting_names
@@ -67,6 +71,10 @@ class BenchConfig(EngineSettings):
     """Scorer checkpoint (default: gambit-solve's, the shipped SeqScorer)."""
     max_questions: int | None = None
     """Use only the first N questions of each dataset."""
+    frontier_reference: str = "bon"
+    """The method (label) whose accuracy-vs-tokens line every other method's is checked
+    against when --n sweeps the budget (``table.md``'s "Frontier" section; no check when it
+    is not run): :mod:`gambit_search.bench_frontier`."""
     config: str | None = None
     """A YAML or JSON file with any of these keys (and ``set``: {method: {param: value}})."""
 
@@ -271,16 +279,26 @@ def bench(cfg: BenchConfig, sets: dict | None = None, *, engine: Any = None, dec
         if own:
             engine.close()
     table = aggregate(per_run)
+    gaps = frontier_gaps(table, cfg.frontier_reference)
     res = {"config": {k: getattr(cfg, k) for k in sorted(setting_names(BenchConfig))},
            "set": sets,
-           "table": table, "runs": per_run}
+           "table": table, "frontier": gaps, "runs": per_run}
     (out / "table.json").write_text(json.dumps(res, indent=1))
-    (out / "table.md").write_text(markdown(table))
+    (out / "table.md").write_text(markdown(table) + _frontier_section(gaps))
     if figures:
         from gambit_search.bench_plots import draw_all
 
         res["figures"] = draw_all(out, per_run)
     return res
+
+
+def _frontier_section(gaps: list[dict]) -> str:
+    if not gaps:
+        return ""
+    return (f"\n## Frontier against {gaps[0]['reference']}\n\nEach line at its best rule, "
+            "straight between budgets on a log token axis (gambit_search.bench_frontier); "
+            "worst gap = method - reference, in accuracy points.\n\n"
+            + frontier_markdown(gaps))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -300,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
 
     with input_errors(PROG), rank_errors(PROG):
         res = bench(BenchConfig(**a), parse_sets(sets), given=set(a) - {"out"})
-    print(markdown(res["table"]))
+    print(markdown(res["table"]) + _frontier_section(res["frontier"]))
     print(f"{PROG}: table and figures in {a['out']}", file=sys.stderr)
 
 

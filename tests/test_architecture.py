@@ -15,7 +15,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = ["gambit_core", "gambit_scorer", "gambit_search", "data_pipelines"]
 APPS = ("data_pipelines.harvest", "gambit_search.solve", "gambit_search.serve",
-        "gambit_search.bench", "gambit_search.bench_plots", "gambit_search.bench_tables")
+        "gambit_search.bench", "gambit_search.bench_frontier", "gambit_search.bench_plots",
+        "gambit_search.bench_tables")
 """The applications layer, above every library: gambit-harvest, -solve, -serve and -bench (a
 name covers its submodules). gambit-train is Hydra's ``gambit_scorer.train``, in its layer."""
 

@@ -163,8 +163,11 @@ def test_a_flag_given_at_its_default_value_wins_over_the_config_file(tmp_path):
 def test_a_budget_sweep_has_a_row_per_method_and_n(tmp_path, fake_scorer):
     """--n 4,8: every method at each N into its own n<N> directory at gambit-solve's
     defaults for that N, the frontier figure drawn."""
-    cfg = _cfg(tmp_path, fake_scorer, n="4,8", datasets="toy:val:3", seeds="0,1")
+    cfg = _cfg(tmp_path, fake_scorer, n="4,8", datasets="toy:val:3", seeds="0,1",
+               frontier_reference="sc")
     res = bench(cfg, {"gambit": {"interval": 3, "warmup": 4}}, progress=False)
+    (g,) = res["frontier"]  # gambit's line against sc's, both through N = 4 and 8
+    assert (g["dataset"], g["method"], g["reference"], g["budgets"]) == ("toy:val:3", "gambit", "sc", 2)
     assert [(r["method"], r["n"]) for r in res["table"]] == [
         ("sc", 4), ("gambit", 4), ("sc", 8), ("gambit", 8)]
     # budget-major, then seed-major
@@ -182,6 +185,7 @@ def test_a_budget_sweep_has_a_row_per_method_and_n(tmp_path, fake_scorer):
             assert r["completions_per_question"] == r["n"]
     md = (tmp_path / "b" / "table.md").read_text()
     assert "| toy:val:3 | sc | 4 | 2 | 6 |" in md and "| toy:val:3 | sc | 8 | 2 | 6 |" in md
+    assert "## Frontier against sc" in md and "| toy:val:3 | gambit | sc | 2 |" in md
     assert any(f.endswith("accuracy_vs_tokens.png") and Path(f).stat().st_size > 5000
                for f in res["figures"])
     solo = bench(_cfg(tmp_path, fake_scorer, out=str(tmp_path / "s"), n="4",
@@ -198,3 +202,40 @@ def test_wilson_holds_its_point_at_the_ends(n):
     for k in range(0, n + 1, max(1, n // 10)):
         lo, hi = wilson(k, n)
         assert lo <= k / n <= hi
+
+
+def _row(d, m, n, acc, tok):
+    return {"dataset": d, "method": m, "n": n, "accuracy": acc, "unique_tokens_per_question": tok}
+
+
+def test_frontier_gap_reads_both_lines_on_a_log_axis():
+    """A hand-built sweep: Gambit above BoN except at BoN's top point, where Gambit's line,
+    straight in log tokens from (4,000, 98) to (16,000, 100), is at 99 at 8,000 tokens."""
+    from gambit_search.bench_frontier import frontier_gaps, line_at
+
+    assert line_at([(4000, 98.0), (16000, 100.0)], 8000) == pytest.approx(99.0)
+    assert line_at([(4000, 98.0), (16000, 100.0)], 1e6) == 100.0  # held at its last point
+    table = [_row("d", "bon", 8, 0.60, 1000), _row("d", "bon", 64, 1.00, 8000),
+             _row("d", "gambit", 8, 0.70, 900), _row("d", "gambit", 32, 0.98, 4000),
+             _row("d", "gambit", 128, 1.00, 16000), _row("d", "sc", 8, 0.5, 1000)]
+    (g,) = frontier_gaps(table)  # sc has one budget: no line, no check
+    assert g["method"] == "gambit" and not g["on_or_above"]
+    assert g["worst_gap"] == pytest.approx(-1.0) and g["at_tokens"] == 8000
+    assert g["from_tokens"] == 1000  # BoN's first point: Gambit's line starts left of it
+    # one more Gambit point at BoN's top budget lifts the line: on or above everywhere
+    (g,) = frontier_gaps(table + [_row("d", "gambit", 64, 1.00, 7000)])
+    assert g["on_or_above"] and g["worst_gap"] >= 0
+    assert frontier_gaps(table, reference="step") == []  # no such method: nothing checked
+
+
+def test_frontier_gap_starts_at_the_later_first_point():
+    """A method whose cheapest point costs more than the reference's is checked from there,
+    and a method that is below at its first point fails there."""
+    from gambit_search.bench_frontier import frontier_gaps
+
+    table = [_row("d", "bon", 8, 0.50, 1000), _row("d", "bon", 16, 0.70, 2000),
+             _row("d", "x", 8, 0.55, 1500), _row("d", "x", 16, 0.90, 3000)]
+    (g,) = frontier_gaps(table)
+    assert g["from_tokens"] == 1500
+    # BoN at 1,500 tokens: 50 + 20 * log(1.5) / log(2) = 61.7, above x's 55
+    assert g["at_tokens"] == 1500 and g["worst_gap"] == pytest.approx(55 - 61.699, abs=0.01)

@@ -9,15 +9,15 @@ twice: the rows are parsed out of the three .md files below).
 
 Every method's point is its best vote rule (the headline), with a 95% Wilson interval on its
 100 questions. It also checks the issue's frontier goal: Gambit's line on or above BoN-p's at
-every token budget from N = 8 to 128, with both lines drawn as the figure draws them
-(straight between points on a log token axis) and Gambit's held at its last point beyond it.
+every token budget from N = 8 to 128, by gambit-bench's own check
+(:func:`gambit_search.bench_frontier.frontier_gaps`: both lines straight between points on a
+log token axis, as the figure draws them, each held at its last point beyond it).
 
     python docs/results/issue29/frontier_now.py      # from the repository root
 """
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 
@@ -67,27 +67,8 @@ def gambit() -> list[dict]:
     return rows
 
 
-def _line(pts: list[dict], x: float) -> float:
-    """The line through ``pts`` (sorted by tokens) at ``x``, straight on a log axis; held
-    flat beyond its ends."""
-    if x <= pts[0]["tokens"]:
-        return pts[0]["acc"]
-    for a, b in zip(pts, pts[1:], strict=False):
-        if x <= b["tokens"]:
-            t = (math.log(x) - math.log(a["tokens"])) / (math.log(b["tokens"]) - math.log(a["tokens"]))
-            return a["acc"] + t * (b["acc"] - a["acc"])
-    return pts[-1]["acc"]
-
-
-def frontier_gap(g: list[dict], b: list[dict]) -> tuple[float, float]:
-    """The worst (Gambit - BoN) gap in points, at which token budget, over every point of
-    either line from BoN's first point on (Gambit's line starts left of it on every split)."""
-    g, b = sorted(g, key=lambda r: r["tokens"]), sorted(b, key=lambda r: r["tokens"])
-    xs = sorted({r["tokens"] for r in g + b if r["tokens"] >= b[0]["tokens"]})
-    return min((_line(g, x) - _line(b, x), x) for x in xs)
-
-
 if __name__ == "__main__":
+    from gambit_search.bench_frontier import frontier_gaps
     from gambit_search.bench_plots import _plt
     from gambit_search.bench_tables import wilson
 
@@ -114,7 +95,10 @@ if __name__ == "__main__":
             print(f"| {split} | {r['SC']['n']} | {r['SC']['acc']:.0f} | {r['BoN-p']['acc']:.0f} | "
                   f"{r['STEP']['acc']:.0f} | {r['Gambit']['acc']:.0f} | {r['BoN-p']['tokens']:,.0f} | "
                   f"{r['Gambit']['tokens']:,.0f} ({r['Gambit']['tokens'] / r['BoN-p']['tokens']:.2f}) |")
-        gap, at = frontier_gap(by["Gambit"], by["BoN-p"])
+        (g,) = frontier_gaps([{"dataset": split, "method": p["method"], "accuracy": p["acc"] / 100,
+                               "unique_tokens_per_question": p["tokens"]}
+                              for m in ("Gambit", "BoN-p") for p in by[m]], reference="BoN-p")
+        gap, at = g["worst_gap"], g["at_tokens"]
         print(f"| {split} | frontier: worst Gambit - BoN-p gap {gap:+.1f} points at "
               f"{at:,.0f} tokens / q | | | | | | |")
         ax.set_xscale("log")
