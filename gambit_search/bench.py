@@ -73,8 +73,9 @@ class BenchConfig(EngineSettings):
     """Use only the first N questions of each dataset."""
     frontier_reference: str = "bon"
     """The method (label) whose accuracy-vs-tokens line every other method's is checked
-    against when --n sweeps the budget (``table.md``'s "Frontier" section; no check when it
-    is not run): :mod:`gambit_search.bench_frontier`."""
+    against when --n sweeps the budget (``table.md``'s "Frontier" section): one of
+    --methods' labels, or "bon" (no check when it is not run):
+    :mod:`gambit_search.bench_frontier`."""
     config: str | None = None
     """A YAML or JSON file with any of these keys (and ``set``: {method: {param: value}})."""
 
@@ -187,6 +188,9 @@ def plan(cfg: BenchConfig, sets: dict) -> list[tuple[str, str, int, Any]]:
         get_method(name)  # InputError naming the known methods
         base_of[label] = name
     methods = list(base_of)
+    if cfg.frontier_reference != "bon" and cfg.frontier_reference not in methods:
+        raise InputError(f"--frontier-reference {cfg.frontier_reference!r} is not in --methods "
+                         f"({', '.join(methods)})")
     for m in sets:
         if m not in methods:
             raise InputError(f"--set names method {m!r}, which is not in --methods")

@@ -122,6 +122,7 @@ def test_a_method_variant_gets_its_own_row_and_settings(tmp_path, fake_scorer):
     (dict(n="8,x"), {}, "--n takes positive integers"),
     (dict(n="8,0"), {}, "--n takes positive integers"),
     (dict(n="8,8"), {}, "names a budget twice"),
+    (dict(frontier_reference="step"), {}, "--frontier-reference 'step' is not in --methods"),
 ])
 def test_bad_input_is_refused_before_any_engine(tmp_path, fake_scorer, kw, sets, msg):
     # engine="vllm": had anything started vLLM, this would take a minute and need the model
